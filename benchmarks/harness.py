@@ -1,0 +1,86 @@
+"""Times our op and the native PyTorch way (and NumPy's, on the CPU) in the
+same process, on the same inputs, and prints the ratio.
+
+Each benchmarks/bench_<op>.py defines ``cases(device, quick)`` yielding Case
+objects; benchmarks/run.py collects and prints them.
+"""
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class Case:
+    op: str
+    name: str
+    ours: Callable[[], object]
+    native: Callable[[], object]
+    native_name: str
+    numpy: Optional[Callable[[], object]] = None
+    # Bytes a perfect implementation must read and write, for a bandwidth column.
+    bytes_moved: Optional[int] = None
+
+
+@dataclass
+class Row:
+    case: Case
+    ours_s: float
+    native_s: float
+    numpy_s: Optional[float]
+
+    @property
+    def ratio(self):
+        return self.ours_s / self.native_s
+
+
+def time_fn(fn, device, min_seconds=0.25, max_reps=200, warmup=2):
+    """Median seconds of one call. Both sides allocate their outputs anew on
+    every call, so page faults on fresh memory are paid alike."""
+    is_cuda = torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        fn()
+    if is_cuda:
+        torch.cuda.synchronize()
+    samples = []
+    start_all = time.perf_counter()
+    while len(samples) < max_reps and (len(samples) < 5 or time.perf_counter() - start_all < min_seconds):
+        if is_cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def run_case(case, device):
+    ours = time_fn(case.ours, device)
+    native = time_fn(case.native, device)
+    numpy_s = time_fn(case.numpy, "cpu") if case.numpy is not None else None
+    return Row(case, ours, native, numpy_s)
+
+
+def fmt_ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:9.3f}"
+
+
+def print_table(rows, title):
+    print(f"\n{title}")
+    header = f"{'op':<22} {'case':<40} {'ours ms':>9} {'native ms':>9} {'ratio':>6} {'numpy ms':>9} {'ours GB/s':>9}  native"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        c = row.case
+        gbs = f"{c.bytes_moved / row.ours_s / 1e9:9.1f}" if c.bytes_moved else "        -"
+        print(
+            f"{c.op:<22} {c.name:<40} {fmt_ms(row.ours_s)} {fmt_ms(row.native_s)} {row.ratio:6.2f} "
+            f"{fmt_ms(row.numpy_s)} {gbs}  {c.native_name}"
+        )

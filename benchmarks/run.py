@@ -1,0 +1,43 @@
+"""One command for every op's benchmark:
+
+    python benchmarks/run.py [--device cpu|cuda] [--ops nonzero,where,...] [--quick]
+
+Each row times ours and the native PyTorch equivalent in this process on the
+same inputs; ratio = ours / native (below 1.0: ours is faster).
+"""
+import argparse
+import importlib
+import os
+import platform
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch_masked  # noqa: E402,F401
+from harness import print_table, run_case  # noqa: E402
+
+OPS = ["nonzero"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated, from: " + ", ".join(OPS))
+    parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
+    args = parser.parse_args()
+
+    rows = []
+    for op in args.ops.split(","):
+        module = importlib.import_module(f"bench_{op}")
+        for case in module.cases(args.device, args.quick):
+            row = run_case(case, args.device)
+            rows.append(row)
+            print(f"  {case.op} {case.name}: ours/native = {row.ratio:.2f}", file=sys.stderr, flush=True)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    print_table(rows, f"torch_masked benchmarks on {args.device} ({where}), torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()

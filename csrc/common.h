@@ -1,0 +1,105 @@
+// Helpers shared by every op's CPU and CUDA kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <sstream>
+#include <utility>
+
+namespace torch_masked {
+
+// Every tensor argument of an op on one device; the message lists them all.
+// torch_masked/ops/_checks.py:check_same_device prints the same words.
+inline void check_same_device(
+    const char* op,
+    std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
+  const auto device = tensors.begin()->second->device();
+  bool same = true;
+  for (const auto& named : tensors) {
+    same = same && named.second->device() == device;
+  }
+  if (same) {
+    return;
+  }
+  std::ostringstream listed;
+  const char* sep = "";
+  for (const auto& named : tensors) {
+    listed << sep << named.first << " on " << named.second->device();
+    sep = ", ";
+  }
+  TORCH_CHECK(false, op, ": expected all tensors on one device, got ", listed.str());
+}
+
+// A 16-byte element (complex128) moved as raw bits.
+struct alignas(16) Bytes16 {
+  uint64_t lo;
+  uint64_t hi;
+};
+
+// Ops that only move elements (select, compact, scatter a copy) do not care
+// about the dtype, only its size: one instantiation per size serves all dtypes.
+template <typename Fn>
+void dispatch_by_element_size(const char* op, int64_t element_size, Fn&& fn) {
+  switch (element_size) {
+    case 1: return fn(uint8_t{});
+    case 2: return fn(uint16_t{});
+    case 4: return fn(uint32_t{});
+    case 8: return fn(uint64_t{});
+    case 16: return fn(Bytes16{});
+    default: TORCH_CHECK(false, op, ": unsupported element size ", element_size, " bytes");
+  }
+}
+
+// Non-zero by the bits, for any dtype: an element is non-zero unless all its
+// bits are zero, ignoring sign bits of floating-point parts so that -0.0 is
+// zero. NaN and subnormals are non-zero whatever the FPU's denormal mode.
+// `mask` clears the sign bits of the element's floating-point parts.
+template <typename Bits>
+struct NonzeroBits {
+  Bits mask;
+  C10_HOST_DEVICE bool operator()(Bits v) const { return (v & mask) != 0; }
+};
+
+template <>
+struct NonzeroBits<Bytes16> {
+  Bytes16 mask;
+  C10_HOST_DEVICE bool operator()(Bytes16 v) const {
+    return ((v.lo & mask.lo) | (v.hi & mask.hi)) != 0;
+  }
+};
+
+// The NonzeroBits mask, from the dtype, as a pattern for up to 8 bytes: all
+// ones for bool and integers; each floating-point (or complex) part's sign bit
+// cleared.
+inline uint64_t nonzero_mask_pattern(at::ScalarType dtype) {
+  if (!at::isFloatingType(dtype) && !at::isComplexType(dtype)) {
+    return ~uint64_t{0};
+  }
+  const int64_t part_bytes = at::isComplexType(dtype) ? c10::elementSize(dtype) / 2 : c10::elementSize(dtype);
+  const int part_bits = static_cast<int>(std::min<int64_t>(part_bytes, 8) * 8);
+  uint64_t pattern = 0;
+  for (int shift = 0; shift < 64; shift += part_bits) {
+    const uint64_t sign = uint64_t{1} << (shift + part_bits - 1);
+    const uint64_t part = (part_bits == 64 ? ~uint64_t{0} : ((uint64_t{1} << part_bits) - 1)) << shift;
+    pattern |= part & ~sign;
+  }
+  return pattern;
+}
+
+template <typename Bits>
+NonzeroBits<Bits> nonzero_bits_for(at::ScalarType dtype) {
+  return NonzeroBits<Bits>{static_cast<Bits>(nonzero_mask_pattern(dtype))};
+}
+
+template <>
+inline NonzeroBits<Bytes16> nonzero_bits_for<Bytes16>(at::ScalarType dtype) {
+  const uint64_t pattern = nonzero_mask_pattern(dtype);
+  return NonzeroBits<Bytes16>{Bytes16{pattern, pattern}};
+}
+
+}  // namespace torch_masked

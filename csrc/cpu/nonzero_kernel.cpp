@@ -1,0 +1,196 @@
+// CPU kernels for masked::nonzero, masked::nonzero_tuple and
+// masked::nonzero_static: a parallel count per chunk, a prefix sum over the
+// chunks, then each chunk writes its own rows.
+#include "common.h"
+#include "cpu/compaction.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+namespace torch_masked {
+namespace cpu {
+namespace {
+
+// Elements tested together before the writer looks at them one by one, so
+// that sparse inputs skip whole blocks of zeros.
+constexpr int64_t kBlock = 32;
+
+// Where row k of the result goes: column j of row k is columns[j][k * row_stride].
+// The 2-D result is one row-major buffer; the tuple form is dim() buffers.
+struct IndexOutput {
+  c10::SmallVector<int64_t*, 8> columns;
+  int64_t row_stride;
+};
+
+template <typename T>
+int64_t count_nonzero(const T* data, int64_t begin, int64_t end, NonzeroBits<T> nonzero) {
+  int64_t count = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    count += nonzero(data[i]);
+  }
+  return count;
+}
+
+template <typename T>
+bool any_nonzero(const T* data, NonzeroBits<T> nonzero) {
+  bool any = false;
+  for (int64_t u = 0; u < kBlock; ++u) {
+    any |= nonzero(data[u]);
+  }
+  return any;
+}
+
+// Writes the rows of the non-zero elements of one run along the last
+// dimension, data[0, len), whose coordinates are `outer` (the dim - 1 leading
+// ones) and last0 + t. Rows go to k, k + 1, ... up to kend (exclusive), and
+// the writes are branch-free: every element writes row k, and only a non-zero
+// one moves k on. Returns the next row.
+template <typename T, bool kOneDim>
+int64_t write_run(const T* data, int64_t len, const int64_t* outer, int64_t last0,
+                  NonzeroBits<T> nonzero, const IndexOutput& out, int64_t k, int64_t kend) {
+  const int64_t dims = static_cast<int64_t>(out.columns.size());
+  const auto write_one = [&](int64_t t) {
+    const int64_t row = k * out.row_stride;
+    if constexpr (kOneDim) {
+      out.columns[0][row] = last0 + t;
+    } else {
+      for (int64_t j = 0; j + 1 < dims; ++j) {
+        out.columns[j][row] = outer[j];
+      }
+      out.columns[dims - 1][row] = last0 + t;
+    }
+    k += nonzero(data[t]);
+  };
+  int64_t t = 0;
+  while (t < len && k < kend) {
+    if (t + kBlock <= len) {
+      if (any_nonzero(data + t, nonzero)) {
+        for (int64_t stop = t + kBlock; t < stop && k < kend; ++t) {
+          write_one(t);
+        }
+      } else {
+        t += kBlock;
+      }
+    } else {
+      write_one(t);
+      ++t;
+    }
+  }
+  return k;
+}
+
+// Writes the rows of the non-zero elements in flat range [begin, end) of a
+// contiguous tensor of shape `sizes` (dim >= 1) to rows [k, kend).
+template <typename T>
+void write_chunk(const T* data, at::IntArrayRef sizes, int64_t begin, int64_t end,
+                 NonzeroBits<T> nonzero, const IndexOutput& out, int64_t k, int64_t kend) {
+  const int64_t dims = static_cast<int64_t>(sizes.size());
+  c10::SmallVector<int64_t, 8> coord(dims);
+  for (int64_t j = dims - 1, rest = begin; j >= 0; --j) {
+    coord[j] = rest % sizes[j];
+    rest /= sizes[j];
+  }
+  const int64_t last_size = sizes[dims - 1];
+  for (int64_t i = begin; i < end && k < kend;) {
+    const int64_t len = std::min(end - i, last_size - coord[dims - 1]);
+    k = dims == 1 ? write_run<T, true>(data + i, len, coord.data(), coord[0], nonzero, out, k, kend)
+                  : write_run<T, false>(data + i, len, coord.data(), coord[dims - 1], nonzero, out, k, kend);
+    i += len;
+    coord[dims - 1] += len;
+    for (int64_t j = dims - 1; j > 0 && coord[j] == sizes[j]; --j) {
+      coord[j] = 0;
+      ++coord[j - 1];
+    }
+  }
+}
+
+// Counts the non-zero elements of `self`, then lets `allocate(total)` make
+// the output and writes at most `max_rows` rows into it. A 0-d input is
+// treated as 1-D with one element (the tuple form's rule; the 2-D form has no
+// columns to write).
+template <typename Allocate>
+void nonzero_into(const at::Tensor& self, const Allocate& allocate, int64_t max_rows) {
+  const at::Tensor input = self.contiguous();
+  const int64_t n = input.numel();
+  const std::vector<int64_t> sizes = input.dim() == 0 ? std::vector<int64_t>{1} : input.sizes().vec();
+  dispatch_by_element_size("nonzero", input.element_size(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(input.const_data_ptr());
+    const auto nonzero = nonzero_bits_for<T>(input.scalar_type());
+    const CompactionPlan plan = plan_compaction(
+        n, [&](int64_t begin, int64_t end) { return count_nonzero(data, begin, end, nonzero); });
+    const IndexOutput out = allocate(plan.total());
+    if (out.columns.empty()) {
+      return;
+    }
+    plan.for_each_chunk(n, [&](int64_t begin, int64_t end, int64_t k, int64_t kend) {
+      kend = std::min(kend, max_rows);
+      if (k < kend) {
+        write_chunk(data, sizes, begin, end, nonzero, out, k, kend);
+      }
+    });
+  });
+}
+
+IndexOutput row_major_output(const at::Tensor& result) {
+  IndexOutput out{{}, result.size(1)};
+  for (int64_t j = 0; j < result.size(1); ++j) {
+    out.columns.push_back(result.data_ptr<int64_t>() + j);
+  }
+  return out;
+}
+
+at::Tensor nonzero_cpu(const at::Tensor& self) {
+  at::Tensor result;
+  nonzero_into(
+      self,
+      [&](int64_t total) {
+        result = at::empty({total, self.dim()}, self.options().dtype(at::kLong));
+        return row_major_output(result);
+      },
+      std::numeric_limits<int64_t>::max());
+  return result;
+}
+
+std::vector<at::Tensor> nonzero_tuple_cpu(const at::Tensor& self) {
+  std::vector<at::Tensor> result;
+  nonzero_into(
+      self,
+      [&](int64_t total) {
+        IndexOutput out{{}, 1};
+        for (int64_t j = 0; j < std::max<int64_t>(self.dim(), 1); ++j) {
+          result.push_back(at::empty({total}, self.options().dtype(at::kLong)));
+          out.columns.push_back(result.back().data_ptr<int64_t>());
+        }
+        return out;
+      },
+      std::numeric_limits<int64_t>::max());
+  return result;
+}
+
+at::Tensor nonzero_static_cpu(const at::Tensor& self, int64_t size, int64_t fill_value) {
+  TORCH_CHECK(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
+  const at::Tensor result = at::empty({size, self.dim()}, self.options().dtype(at::kLong));
+  nonzero_into(
+      self,
+      [&](int64_t total) {
+        // Rows past the last non-zero element keep fill_value.
+        const int64_t filled = std::min(total, size) * self.dim();
+        std::fill(result.data_ptr<int64_t>() + filled, result.data_ptr<int64_t>() + result.numel(), fill_value);
+        return row_major_output(result);
+      },
+      size);
+  return result;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, CPU, m) {
+  m.impl("nonzero", &nonzero_cpu);
+  m.impl("nonzero_tuple", &nonzero_tuple_cpu);
+  m.impl("nonzero_static", &nonzero_static_cpu);
+}
+
+}  // namespace cpu
+}  // namespace torch_masked

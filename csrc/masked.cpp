@@ -1,0 +1,37 @@
+// The one place where every torch.ops.masked schema is declared. Each kernel
+// file (csrc/cpu/<op>_kernel.cpp, csrc/cuda/<op>_kernel.cu) registers its own
+// implementations with TORCH_LIBRARY_IMPL; fake kernels and autograd formulas
+// are registered from Python (torch_masked/ops/<op>.py).
+#include <Python.h>
+#include <torch/library.h>
+
+// Importing torch_masked._C runs the static registrations below and in the
+// kernel files; the module itself exports nothing.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+
+TORCH_LIBRARY(masked, m) {
+  // nonzero: [z, dim] int64 indices of the non-zero elements, row-major.
+  m.def("nonzero(Tensor self) -> Tensor");
+  // The as_tuple form: dim() separate 1-D int64 tensors (one for a 0-d input).
+  m.def("nonzero_tuple(Tensor self) -> Tensor[]");
+  // The first `size` rows of nonzero, padded with fill_value; no host sync.
+  m.def("nonzero_static(Tensor self, *, SymInt size, int fill_value=-1) -> Tensor");
+
+  // where: the index mode (tf.where(condition)) and the broadcasting select.
+  m.def("where(Tensor condition) -> Tensor");
+  m.def("where.self(Tensor condition, Tensor x, Tensor y) -> Tensor");
+  // select: TensorFlow's Select (Java Where3): scalar, same-shape or row condition.
+  m.def("select(Tensor condition, Tensor x, Tensor y) -> Tensor");
+
+  // boolean_mask: tf.boolean_mask(tensor, mask, axis) and its gradient.
+  m.def("boolean_mask(Tensor tensor, Tensor mask, int axis=0) -> Tensor");
+  m.def("boolean_mask_backward(Tensor grad, Tensor mask, SymInt[] input_shape, int axis) -> Tensor");
+
+  // scatter_nd / gather_nd / tensor_scatter_nd_add.
+  m.def("scatter_nd(Tensor indices, Tensor updates, SymInt[] shape) -> Tensor");
+  m.def("gather_nd(Tensor params, Tensor indices) -> Tensor");
+  m.def("tensor_scatter_nd_add(Tensor tensor, Tensor indices, Tensor updates) -> Tensor");
+}

@@ -1,0 +1,123 @@
+"""Builds torch_masked._C: our C++ CPU kernels always, our CUDA kernels when
+torch is a CUDA build and a CUDA toolkit (nvcc) is found. No GPU is needed to
+build.
+
+Environment switches:
+  TORCH_MASKED_CUDA=0     CPU-only build, even where CUDA is available.
+  TORCH_MASKED_CUDA=1     insist on CUDA: fail if it cannot be built.
+  (unset)                 CUDA when possible, else CPU only.
+  DEBUG=1                 -O0 -g instead of -O3.
+  TORCH_CUDA_ARCH_LIST    GPU architectures, e.g. "9.0" or "8.0;9.0+PTX".
+                          Default: the visible GPU's, else "8.0;9.0+PTX".
+"""
+
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import setup
+
+import torch
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join("csrc")
+DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
+
+
+def say(msg):
+    print(f"torch_masked setup: {msg}", file=sys.stderr)
+
+
+def find_cuda_home():
+    """CUDA_HOME if set, else /usr/local/cuda, else the folder above nvcc."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    for home in candidates:
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return home
+    return None
+
+
+def decide_cuda():
+    switch = os.environ.get("TORCH_MASKED_CUDA", "").strip()
+    if switch == "0":
+        return False, "TORCH_MASKED_CUDA=0"
+    reasons = []
+    if torch.version.cuda is None:
+        reasons.append(f"torch {torch.__version__} is not a CUDA build")
+    cuda_home = find_cuda_home()
+    if cuda_home is None:
+        reasons.append("no nvcc found (set CUDA_HOME)")
+    if reasons:
+        if switch == "1":
+            raise RuntimeError("TORCH_MASKED_CUDA=1 but CUDA cannot be built: " + "; ".join(reasons))
+        return False, "; ".join(reasons)
+    # torch.utils.cpp_extension reads CUDA_HOME at import time; keep the two in step.
+    os.environ["CUDA_HOME"] = cuda_home
+    import torch.utils.cpp_extension as cpp_ext
+
+    cpp_ext.CUDA_HOME = cuda_home
+    return True, f"CUDA {torch.version.cuda} with nvcc from {cuda_home}"
+
+
+def cuda_arch_list():
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"{major}.{minor}"
+    else:
+        arch = DEFAULT_ARCH_LIST
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    return arch
+
+
+def nvidia_wheel_includes():
+    """The nvidia-* wheels torch depends on carry headers (cuBLAS, cuSPARSE...)
+    that a bare toolkit may lack; ATen's CUDA headers include some of them."""
+    found = []
+    for path in sys.path:
+        found += glob.glob(os.path.join(path, "nvidia", "cu*", "include"))
+        found += glob.glob(os.path.join(path, "nvidia", "*", "include"))
+    return sorted({p for p in found if os.path.isdir(p)})
+
+
+def extensions():
+    debug = os.environ.get("DEBUG", "0") == "1"
+    with_cuda, why = decide_cuda()
+    cxx_flags = ["-O0", "-g"] if debug else ["-O3"]
+    cxx_flags += ["-fdiagnostics-color=always"]
+    sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
+    include_dirs = [os.path.join(ROOT, CSRC)]
+    extra = {"cxx": cxx_flags}
+    if with_cuda:
+        arch = cuda_arch_list()
+        sources += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.cu")))
+        nvcc_flags = ["-O0", "-g", "-lineinfo"] if debug else ["-O3", "-lineinfo"]
+        nvcc_flags += ["--expt-relaxed-constexpr"]
+        extra["nvcc"] = nvcc_flags
+        extra["cxx"] = cxx_flags + ["-DWITH_CUDA"]
+        include_dirs += nvidia_wheel_includes()
+        say(f"building CPU and CUDA kernels ({why}; TORCH_CUDA_ARCH_LIST={arch}; {'debug' if debug else '-O3'})")
+        ext_cls = CUDAExtension
+    else:
+        say(f"building CPU kernels only ({why}; {'debug' if debug else '-O3'})")
+        ext_cls = CppExtension
+    return [
+        ext_cls(
+            name="torch_masked._C",
+            sources=sources,
+            include_dirs=include_dirs,
+            extra_compile_args=extra,
+        )
+    ]
+
+
+setup(
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,38 @@
+"""Shared parameters and helpers for the op tests."""
+import pytest
+import torch
+
+# Every test that takes `device` runs on the CPU and, where there is a GPU, on CUDA.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+INTEGER_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+# Unsigned types torch.nonzero itself does not take; NumPy is their reference.
+WIDE_UNSIGNED_DTYPES = [torch.uint16, torch.uint32, torch.uint64]
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+COMPLEX_DTYPES = [torch.complex64, torch.complex128]
+# The SPEC's dtypes: bool, the integer types, half, bfloat16, float, double, complex.
+ALL_DTYPES = [torch.bool] + INTEGER_DTYPES + FLOAT_DTYPES + COMPLEX_DTYPES
+
+
+def make_tensor(shape, dtype, device, density=0.5, generator=None):
+    """Random values with about `density` of them non-zero (never all zeros by accident)."""
+    keep = torch.rand(shape, generator=generator) < density
+    if dtype == torch.bool:
+        values = keep
+    elif dtype.is_complex:
+        values = torch.complex(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+        values = values.to(dtype) * keep
+    elif dtype.is_floating_point:
+        values = (torch.randn(shape, generator=generator) + 0.5).to(dtype) * keep
+    else:
+        values = torch.randint(1, 100, shape, generator=generator).to(dtype) * keep
+    return values.to(device)
+
+
+def non_contiguous(t):
+    """The same values as `t` in a transposed, strided layout (a genuine view)."""
+    if t.dim() == 0:
+        return t
+    padded = torch.stack([t, torch.zeros_like(t)], dim=-1).select(-1, 0)
+    assert not padded.is_contiguous() or t.numel() <= 1
+    return padded

@@ -1,0 +1,1 @@
+"""One module per op: its fake kernel, autograd formula and Python front door."""
