@@ -13,7 +13,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The benchmark modules sit beside this file; the package (built in place or
+# installed) is found from the repository root.
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import torch_masked  # noqa: E402,F401
 from harness import print_table, run_case  # noqa: E402

@@ -1,11 +1,64 @@
-"""masked::nonzero, masked::nonzero_tuple, masked::nonzero_static: fake
-kernels and the front door ``torch_masked.nonzero`` / ``nonzero_static``."""
+"""nonzero: fake kernels and the front doors ``torch_masked.nonzero`` and
+``torch_masked.nonzero_static``.
+
+The 2-D form is ``masked::nonzero`` and the ``as_tuple=True`` form is the
+sibling op ``masked::nonzero_tuple``: a flag's value cannot choose between
+overloads of one op, so each op has one return type. Neither is
+differentiable (the result is integer indices).
+"""
 import torch
 
+from ._checks import check_same_device
+
+
+def _index_count(input):
+    """The data-dependent number of non-zero elements, as an unbacked SymInt."""
+    return torch.library.get_ctx().new_dynamic_size()
+
+
+@torch.library.register_fake("masked::nonzero")
+def _nonzero_fake(input):
+    # Row-major contiguous, as the CPU and CUDA kernels write it.
+    return input.new_empty((_index_count(input), input.dim()), dtype=torch.long)
+
+
+@torch.library.register_fake("masked::nonzero_tuple")
+def _nonzero_tuple_fake(input):
+    count = _index_count(input)
+    # A 0-d input is treated as 1-D with one element.
+    return [input.new_empty((count,), dtype=torch.long) for _ in range(max(input.dim(), 1))]
+
+
+@torch.library.register_fake("masked::nonzero_static")
+def _nonzero_static_fake(input, *, size, fill_value=-1):
+    torch._check_value(size >= 0, lambda: f"nonzero_static: expected size >= 0, got size={size}")
+    return input.new_empty((size, input.dim()), dtype=torch.long)
+
+
 def nonzero(input, *, as_tuple=False, out=None):
+    """Indices of the non-zero elements of ``input``, as ``torch.nonzero``.
+
+    ``as_tuple=False``: an int64 tensor of shape ``[z, input.dim()]``, one
+    row-major row per non-zero element. ``as_tuple=True``: a tuple of
+    ``input.dim()`` 1-D int64 tensors (one for a 0-d input), so that
+    ``input[nonzero(input, as_tuple=True)]`` are the non-zero values.
+    ``out`` (2-D form only) is resized and filled, as ``torch.nonzero`` does.
+    Non-zero means ``!= 0``: NaN and subnormals count, ``-0.0`` does not.
+    """
     if as_tuple:
+        if out is not None:
+            raise ValueError("nonzero: out= is not supported with as_tuple=True")
         return tuple(torch.ops.masked.nonzero_tuple.default(input))
-    return torch.ops.masked.nonzero.default(input)
+    result = torch.ops.masked.nonzero.default(input)
+    if out is None:
+        return result
+    if out.dtype != torch.long:
+        raise RuntimeError(f"nonzero: expected out to have dtype torch.int64, got {out.dtype}")
+    check_same_device("nonzero", input=input, out=out)
+    return out.resize_(result.shape).copy_(result)
+
 
 def nonzero_static(input, *, size, fill_value=-1):
+    """The first ``size`` rows of ``nonzero(input)``, padded with ``fill_value``:
+    a ``[size, input.dim()]`` int64 tensor, computed with no host-device sync."""
     return torch.ops.masked.nonzero_static.default(input, size=size, fill_value=fill_value)

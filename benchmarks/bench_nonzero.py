@@ -1,0 +1,55 @@
+"""nonzero and nonzero_static against torch.nonzero / torch.nonzero_static
+(and NumPy's np.argwhere on the CPU)."""
+import numpy as np
+import torch
+
+import torch_masked
+from harness import Case
+
+
+def sizes(device, quick):
+    if quick:
+        return [10_000]
+    return [10_000, 1_000_000, 10_000_000] + ([100_000_000] if device == "cuda" else [])
+
+
+def make_input(n, dtype, density, device, shape=None):
+    generator = torch.Generator().manual_seed(n)
+    x = (torch.rand(n, generator=generator) < density).to(dtype)
+    return x.reshape(shape or (n,)).to(device)
+
+
+def cases(device, quick):
+    for n in sizes(device, quick):
+        for dtype in [torch.bool, torch.float32]:
+            for density in [0.01, 0.5, 0.99]:
+                x = make_input(n, dtype, density, device)
+                x_np = x.cpu().numpy()
+                yield Case(
+                    "nonzero",
+                    f"{str(dtype)[6:]} n={n:.0e} density={density}",
+                    lambda x=x: torch_masked.nonzero(x),
+                    lambda x=x: torch.nonzero(x),
+                    "torch.nonzero",
+                    numpy=(lambda a=x_np: np.argwhere(a)) if device == "cpu" else None,
+                )
+    n = sizes(device, quick)[-1]
+    for density in [0.01, 0.5, 0.99]:
+        x = make_input(n, torch.bool, density, device, shape=(n // 1000, 1000))
+        x_np = x.cpu().numpy()
+        yield Case(
+            "nonzero",
+            f"bool [{n // 1000},1000] density={density}",
+            lambda x=x: torch_masked.nonzero(x),
+            lambda x=x: torch.nonzero(x),
+            "torch.nonzero",
+            numpy=(lambda a=x_np: np.argwhere(a)) if device == "cpu" else None,
+        )
+        size = int(n * density) // 2
+        yield Case(
+            "nonzero_static",
+            f"bool [{n // 1000},1000] density={density} size={size:.0e}",
+            lambda x=x, size=size: torch_masked.nonzero_static(x, size=size),
+            lambda x=x, size=size: torch.nonzero_static(x, size=size),
+            "torch.nonzero_static",
+        )

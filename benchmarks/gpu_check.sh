@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build the extension with CUDA (sm_90, every
+# core), run the whole test suite (CPU and CUDA cases), run the CUDA
+# benchmarks, and print a short table last. Logs go to $OUT (or /tmp/gpu_check).
+#
+#   bash benchmarks/gpu_check.sh            # everything
+#   OPS=nonzero,where bash benchmarks/gpu_check.sh
+#
+# A wheel folder .whl/ (e.g. expecttest, absent on some GPU images) is
+# installed first if present.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu_check}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+SECONDS=0
+
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+
+if ! TORCH_MASKED_CUDA=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+  grep -E "error" "$OUT/build.log" | head -40
+  tail -20 "$OUT/build.log"
+  exit 1
+fi
+echo "built in ${SECONDS}s"
+
+python3 -m pytest tests -q -x -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
+tests_rc=$?
+grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
+echo "tests rc=${tests_rc} after ${SECONDS}s"
+
+# The copy-bandwidth ceiling that the bandwidth column is read against.
+python3 - <<'PY' | tee "$OUT/copy_bandwidth.txt"
+import torch
+x = torch.randn(100_000_000, device="cuda")
+y = torch.empty_like(x)
+for _ in range(3):
+    y.copy_(x)
+begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+times = []
+for _ in range(20):
+    begin.record(); y.copy_(x); end.record(); end.synchronize()
+    times.append(begin.elapsed_time(end) / 1e3)
+times.sort()
+print(f"device-to-device copy of 1e8 float32: {2 * x.nbytes / times[len(times) // 2] / 1e9:.0f} GB/s (read + write)")
+PY
+
+python3 benchmarks/run.py --device cuda ${OPS:+--ops "$OPS"} > "$OUT/bench.log" 2> "$OUT/bench.err"
+bench_rc=$?
+tail -5 "$OUT/bench.err"
+echo "bench rc=${bench_rc}; total ${SECONDS}s"
+cat "$OUT/bench.log"

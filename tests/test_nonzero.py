@@ -1,0 +1,259 @@
+import numpy as np
+import pytest
+import torch
+from torch.library import opcheck
+
+import torch_masked
+from common import ALL_DTYPES, DEVICES, WIDE_UNSIGNED_DTYPES, make_tensor, non_contiguous
+
+SHAPES = [(), (0,), (1,), (7,), (3, 0, 2), (5, 6), (2, 3, 4), (2, 1, 3, 2), (2, 3, 1, 2, 3)]
+
+
+def assert_matches_torch(x):
+    """Both forms equal torch.nonzero on the same input (compared on the CPU)."""
+    expected = torch.nonzero(x.cpu())
+    got = torch_masked.nonzero(x)
+    assert got.device == x.device and got.dtype == torch.long
+    assert got.is_contiguous()  # row-major, unlike ATen's column-major CPU result
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+    expected_tuple = torch.nonzero(x.cpu(), as_tuple=True)
+    got_tuple = torch_masked.nonzero(x, as_tuple=True)
+    assert isinstance(got_tuple, tuple) and len(got_tuple) == len(expected_tuple)
+    for g, e in zip(got_tuple, expected_tuple):
+        torch.testing.assert_close(g.cpu(), e, rtol=0, atol=0)
+
+
+# --- the reference pages' examples -------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_reference_examples(device):
+    ones = torch.tensor([1, 1, 1, 0, 1], device=device)
+    diag = torch.tensor(
+        [[0.6, 0.0, 0.0, 0.0], [0.0, 0.4, 0.0, 0.0], [0.0, 0.0, 1.2, 0.0], [0.0, 0.0, 0.0, -0.4]], device=device
+    )
+    assert torch_masked.nonzero(ones).tolist() == [[0], [1], [2], [4]]
+    assert torch_masked.nonzero(diag).tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert [t.tolist() for t in torch_masked.nonzero(ones, as_tuple=True)] == [[0, 1, 2, 4]]
+    assert [t.tolist() for t in torch_masked.nonzero(diag, as_tuple=True)] == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert [t.tolist() for t in torch_masked.nonzero(torch.tensor(5, device=device), as_tuple=True)] == [[0]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tf_where_index_mode_examples(device):
+    def nz(values, **kw):
+        return torch_masked.nonzero(torch.tensor(values, device=device), **kw).tolist()
+
+    assert nz([True, False, False, True]) == [[0], [3]]
+    assert nz([[1, 0, 0], [1, 0, 1]]) == [[0, 0], [1, 0], [1, 2]]
+    float_tensor = [[[0.1, 0], [0, 2.2], [3.5, 1e6]], [[0, 0], [0, 0], [99, 0]]]
+    assert nz(float_tensor) == [[0, 0, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 2, 0]]
+    assert nz([complex(0.0), complex(1.0), 0 + 1j, 1 + 1j]) == [[1], [2], [3]]
+
+
+# --- values against torch.nonzero ----------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_torch_nonzero(device, dtype, shape):
+    assert_matches_torch(make_tensor(shape, dtype, device, density=0.4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", WIDE_UNSIGNED_DTYPES)
+def test_wide_unsigned_matches_numpy(device, dtype):
+    # torch.nonzero does not take these; NumPy is the reference.
+    values = np.array([[0, 1, 2**15], [0, 0, 7]], dtype=np.uint64)
+    x = torch.from_numpy(values.astype(np.int64)).to(dtype).to(device)
+    assert torch_masked.nonzero(x).tolist() == np.argwhere(values).tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("density", [0.0, 0.001, 0.5, 0.97, 1.0])
+@pytest.mark.parametrize("shape", [(1_000_003,), (1000, 1001), (7, 333, 429)], ids=str)
+def test_large_inputs_across_chunks(device, density, shape):
+    # Large enough for several parallel chunks, with rows crossing chunk boundaries.
+    assert_matches_torch(make_tensor(shape, torch.bool, device, density=density))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thread_count_does_not_change_result(device, threads):
+    x = make_tensor((300, 700), torch.float32, device, density=0.3)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert_matches_torch(x)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_dim_inputs(device):
+    for value, rows in [(5, 1), (0, 0)]:
+        x = torch.tensor(value, device=device)
+        got = torch_masked.nonzero(x)
+        assert got.shape == (rows, 0)
+        assert [t.tolist() for t in torch_masked.nonzero(x, as_tuple=True)] == [[0] * rows]
+        assert_matches_torch(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_inputs(device):
+    assert torch_masked.nonzero(torch.zeros(0, device=device)).shape == (0, 1)
+    assert torch_masked.nonzero(torch.zeros(3, 0, 2, device=device)).shape == (0, 3)
+    assert [t.shape for t in torch_masked.nonzero(torch.zeros(3, 0, device=device), as_tuple=True)] == [(0,), (0,)]
+    assert torch_masked.nonzero(torch.zeros(4, 5, device=device)).shape == (0, 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.float32, torch.complex64])
+def test_non_contiguous_inputs(device, dtype):
+    base = make_tensor((6, 8, 5), dtype, device, density=0.4)
+    views = [
+        non_contiguous(base),
+        base.transpose(0, 2),
+        base[:, ::3, 1:],
+        base[1:5, 2].unsqueeze(1).expand(4, 3, 5),
+        torch.as_strided(base, (4, 4), (7, 2)),
+    ]
+    for view in views:
+        assert_matches_torch(view)
+        torch.testing.assert_close(torch_masked.nonzero(view), torch_masked.nonzero(view.contiguous()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_nan_subnormal_and_negative_zero(device, dtype):
+    tiny = torch.finfo(dtype).smallest_normal / 4  # a subnormal
+    x = torch.tensor([0.0, -0.0, float("nan"), tiny, -tiny, float("-inf"), 1.0], dtype=dtype, device=device)
+    assert x[3] != 0  # the value really is a representable subnormal
+    assert torch_masked.nonzero(x).flatten().tolist() == [2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_parts(device, dtype):
+    x = torch.tensor([0j, complex(-0.0, -0.0), 1j, 2 + 0j, complex(float("nan"), 0), complex(0, 1e-310)], dtype=dtype)
+    expected = [2, 3, 4] + ([5] if dtype == torch.complex128 else [])  # 1e-310 underflows to 0 in complex64
+    assert torch_masked.nonzero(x.to(device)).flatten().tolist() == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_as_tuple_indexes_the_non_zero_values(device):
+    x = make_tensor((4, 5, 6), torch.float32, device, density=0.3)
+    values = x[torch_masked.nonzero(x, as_tuple=True)]
+    torch.testing.assert_close(values, x[x != 0])
+    outputs = torch_masked.nonzero(x, as_tuple=True)
+    assert len({t.data_ptr() for t in outputs}) == len(outputs)  # separate buffers
+
+
+# --- out= --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_shape", [(0,), (2, 2), (100, 3)], ids=str)
+def test_out_is_resized_and_filled(device, out_shape):
+    x = make_tensor((5, 7), torch.int32, device, density=0.5)
+    out = torch.full(out_shape, -7, dtype=torch.long, device=device)
+    result = torch_masked.nonzero(x, out=out)
+    assert result is out
+    torch.testing.assert_close(out.cpu(), torch.nonzero(x.cpu()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_errors(device):
+    x = torch.tensor([1, 0, 2], device=device)
+    with pytest.raises(RuntimeError, match=r"nonzero: expected out to have dtype torch.int64, got torch.float32"):
+        torch_masked.nonzero(x, out=torch.empty(0, device=device))
+    with pytest.raises(ValueError, match="as_tuple"):
+        torch_masked.nonzero(x, as_tuple=True, out=torch.empty(0, dtype=torch.long, device=device))
+
+
+@pytest.mark.cuda
+def test_out_on_another_device():
+    with pytest.raises(RuntimeError, match=r"nonzero: expected all tensors on one device, got input on cuda:0, out on cpu"):
+        torch_masked.nonzero(torch.ones(3, device="cuda"), out=torch.empty(0, dtype=torch.long))
+
+
+# --- nonzero_static ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.float16, torch.float64, torch.complex64])
+@pytest.mark.parametrize("size", [0, 1, 5, 40, 1000])
+@pytest.mark.parametrize("shape", [(), (0,), (37,), (6, 7), (3, 4, 5)], ids=str)
+def test_nonzero_static_truncates_and_pads(device, dtype, size, shape):
+    x = make_tensor(shape, dtype, device, density=0.5)
+    for fill_value in [-1, 9]:
+        got = torch_masked.nonzero_static(x, size=size, fill_value=fill_value)
+        expected = torch.nonzero_static(x.cpu(), size=size, fill_value=fill_value)
+        assert got.shape == (size, x.dim()) and got.dtype == torch.long
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nonzero_static_large_and_non_contiguous(device):
+    x = make_tensor((900, 1200), torch.bool, device, density=0.5).t()
+    full = torch.nonzero(x.cpu())
+    got = torch_masked.nonzero_static(x, size=600_000, fill_value=-5)
+    torch.testing.assert_close(got[: full.shape[0]].cpu(), full, rtol=0, atol=0)
+    assert (got[full.shape[0]:] == -5).all()
+    torch.testing.assert_close(torch_masked.nonzero_static(x, size=1234).cpu(), full[:1234], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nonzero_static_negative_size(device):
+    with pytest.raises(ValueError, match=r"nonzero_static: expected size >= 0, got size=-3"):
+        torch_masked.nonzero_static(torch.ones(3, device=device), size=-3)
+
+
+@pytest.mark.cuda
+def test_nonzero_static_does_not_synchronise():
+    x = make_tensor((1000, 1000), torch.float32, "cuda", density=0.3)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = torch_masked.nonzero_static(x, size=5000)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.testing.assert_close(got.cpu(), torch.nonzero_static(x.cpu(), size=5000), rtol=0, atol=0)
+
+
+# --- opcheck and torch.compile ---------------------------------------------------------------------
+
+
+def sample_inputs(device):
+    for dtype in [torch.bool, torch.int64, torch.float32, torch.bfloat16, torch.complex64]:
+        for shape in [(), (0,), (9,), (4, 5), (2, 0, 3), (2, 3, 2, 2), (1, 2, 1, 2, 3)]:
+            yield make_tensor(shape, dtype, device, density=0.5)
+    yield non_contiguous(make_tensor((5, 6), torch.float32, device))
+    yield make_tensor((3, 4), torch.float32, device).t()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for x in sample_inputs(device):
+        opcheck(torch.ops.masked.nonzero.default, (x,))
+        opcheck(torch.ops.masked.nonzero_tuple.default, (x,))
+        opcheck(torch.ops.masked.nonzero_static.default, (x,), {"size": 7, "fill_value": -2})
+
+
+def gather_non_zero(x):
+    index = torch_masked.nonzero(x)
+    rows = torch_masked.nonzero(x, as_tuple=True)
+    static = torch_masked.nonzero_static(x, size=4)
+    return x[rows] * 2, index.sum(0), static
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, dynamic):
+    torch._dynamo.reset()
+    compiled = torch.compile(gather_non_zero, fullgraph=True, dynamic=dynamic)
+    for shape in [(5, 6), (7, 3)]:
+        x = make_tensor(shape, torch.float32, device, density=0.5)
+        for got, expected in zip(compiled(x), gather_non_zero(x)):
+            torch.testing.assert_close(got, expected)
