@@ -10,7 +10,14 @@ broken build fails here, loudly, with the original error.
 
 import torch  # noqa: F401  -- libtorch must be loaded before our extension
 
-from . import _C  # noqa: F401
+try:
+    from . import _C  # noqa: F401
+except ImportError as error:
+    raise ImportError(
+        "torch_masked: the compiled extension torch_masked._C could not be loaded "
+        f"({error}). Build it with `pip install --no-build-isolation -e .` "
+        "(see README.md) against the torch that is installed now."
+    ) from error
 from .ops.nonzero import nonzero, nonzero_static
 
 __all__ = [

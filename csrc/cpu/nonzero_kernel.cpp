@@ -147,6 +147,7 @@ at::Tensor nonzero_cpu(const at::Tensor& self) {
       self,
       [&](int64_t total) {
         result = at::empty({total, self.dim()}, self.options().dtype(at::kLong));
+        advise_huge_pages(result);
         return row_major_output(result);
       },
       std::numeric_limits<int64_t>::max());
@@ -161,6 +162,7 @@ std::vector<at::Tensor> nonzero_tuple_cpu(const at::Tensor& self) {
         IndexOutput out{{}, 1};
         for (int64_t j = 0; j < std::max<int64_t>(self.dim(), 1); ++j) {
           result.push_back(at::empty({total}, self.options().dtype(at::kLong)));
+          advise_huge_pages(result.back());
           out.columns.push_back(result.back().data_ptr<int64_t>());
         }
         return out;
@@ -172,6 +174,7 @@ std::vector<at::Tensor> nonzero_tuple_cpu(const at::Tensor& self) {
 at::Tensor nonzero_static_cpu(const at::Tensor& self, int64_t size, int64_t fill_value) {
   TORCH_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
   const at::Tensor result = at::empty({size, self.dim()}, self.options().dtype(at::kLong));
+  advise_huge_pages(result);
   nonzero_into(
       self,
       [&](int64_t total) {
