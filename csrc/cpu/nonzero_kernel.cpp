@@ -8,13 +8,17 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 namespace torch_masked {
 namespace cpu {
 namespace {
 
-// Elements tested together before the writer looks at them one by one, so
-// that sparse inputs skip whole blocks of zeros.
-constexpr int64_t kBlock = 32;
+// Elements tested together: a block's non-zero pattern is one 32-bit mask,
+// so sparse inputs skip zeros a block at a time and write only set bits.
+constexpr int kBlock = 32;
 
 // Where row k of the result goes: column j of row k is columns[j][k * row_stride].
 // The 2-D result is one row-major buffer; the tuple form is dim() buffers.
@@ -32,25 +36,54 @@ int64_t count_nonzero(const T* data, int64_t begin, int64_t end, NonzeroBits<T> 
   return count;
 }
 
+// Bit u is set when data[u] is non-zero, for u < kBlock.
 template <typename T>
-bool any_nonzero(const T* data, NonzeroBits<T> nonzero) {
-  bool any = false;
-  for (int64_t u = 0; u < kBlock; ++u) {
-    any |= nonzero(data[u]);
+uint32_t block_mask(const T* data, NonzeroBits<T> nonzero) {
+  uint32_t mask = 0;
+  for (int u = 0; u < kBlock; ++u) {
+    mask |= static_cast<uint32_t>(nonzero(data[u])) << u;
   }
-  return any;
+  return mask;
 }
+
+#ifdef __SSE2__
+// bool, int8, uint8 (the commonest masks) and 4-byte types (float32, int32):
+// compare whole vectors against zero and gather the results with movemask.
+template <>
+inline uint32_t block_mask<uint8_t>(const uint8_t* data, NonzeroBits<uint8_t> nonzero) {
+  const __m128i bits = _mm_set1_epi8(static_cast<char>(nonzero.mask));
+  const __m128i zero = _mm_setzero_si128();
+  uint32_t zeros = 0;
+  for (int v = 0; v < kBlock / 16; ++v) {
+    const __m128i x = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data) + v), bits);
+    zeros |= static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, zero))) << (16 * v);
+  }
+  return ~zeros;
+}
+
+template <>
+inline uint32_t block_mask<uint32_t>(const uint32_t* data, NonzeroBits<uint32_t> nonzero) {
+  const __m128i bits = _mm_set1_epi32(static_cast<int>(nonzero.mask));
+  const __m128i zero = _mm_setzero_si128();
+  uint32_t zeros = 0;
+  for (int v = 0; v < kBlock / 4; ++v) {
+    const __m128i x = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data) + v), bits);
+    zeros |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(x, zero)))) << (4 * v);
+  }
+  return ~zeros;
+}
+#endif
 
 // Writes the rows of the non-zero elements of one run along the last
 // dimension, data[0, len), whose coordinates are `outer` (the dim - 1 leading
-// ones) and last0 + t. Rows go to k, k + 1, ... up to kend (exclusive), and
-// the writes are branch-free: every element writes row k, and only a non-zero
-// one moves k on. Returns the next row.
+// ones) and last0 + t, to rows k, k + 1, ... up to kend (exclusive). Returns
+// the next row. Dense blocks are written branch-free (every element writes
+// row k, and only a non-zero one moves k on); sparse ones visit set bits.
 template <typename T, bool kOneDim>
 int64_t write_run(const T* data, int64_t len, const int64_t* outer, int64_t last0,
                   NonzeroBits<T> nonzero, const IndexOutput& out, int64_t k, int64_t kend) {
   const int64_t dims = static_cast<int64_t>(out.columns.size());
-  const auto write_one = [&](int64_t t) {
+  const auto write_row = [&](int64_t t) {
     const int64_t row = k * out.row_stride;
     if constexpr (kOneDim) {
       out.columns[0][row] = last0 + t;
@@ -60,22 +93,24 @@ int64_t write_run(const T* data, int64_t len, const int64_t* outer, int64_t last
       }
       out.columns[dims - 1][row] = last0 + t;
     }
-    k += nonzero(data[t]);
   };
   int64_t t = 0;
-  while (t < len && k < kend) {
-    if (t + kBlock <= len) {
-      if (any_nonzero(data + t, nonzero)) {
-        for (int64_t stop = t + kBlock; t < stop && k < kend; ++t) {
-          write_one(t);
-        }
-      } else {
-        t += kBlock;
+  for (; t + kBlock <= len && k < kend; t += kBlock) {
+    uint32_t mask = block_mask(data + t, nonzero);
+    if (__builtin_popcount(mask) > kBlock / 4) {
+      for (int u = 0; u < kBlock && k < kend; ++u) {
+        write_row(t + u);
+        k += (mask >> u) & 1;
       }
     } else {
-      write_one(t);
-      ++t;
+      for (; mask != 0 && k < kend; mask &= mask - 1, ++k) {
+        write_row(t + __builtin_ctz(mask));
+      }
     }
+  }
+  for (; t < len && k < kend; ++t) {
+    write_row(t);
+    k += nonzero(data[t]);
   }
   return k;
 }
