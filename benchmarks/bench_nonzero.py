@@ -19,32 +19,28 @@ def make_input(n, dtype, density, device, shape=None):
     return x.reshape(shape or (n,)).to(device)
 
 
+def nonzero_case(name, x, device):
+    x_np = x.cpu().numpy()
+    return Case(
+        "nonzero",
+        name,
+        lambda: torch_masked.nonzero(x),
+        lambda: torch.nonzero(x),
+        "torch.nonzero",
+        numpy=(lambda: np.argwhere(x_np)) if device == "cpu" else None,
+    )
+
+
 def cases(device, quick):
     for n in sizes(device, quick):
         for dtype in [torch.bool, torch.float32]:
             for density in [0.01, 0.5, 0.99]:
                 x = make_input(n, dtype, density, device)
-                x_np = x.cpu().numpy()
-                yield Case(
-                    "nonzero",
-                    f"{str(dtype)[6:]} n={n:.0e} density={density}",
-                    lambda x=x: torch_masked.nonzero(x),
-                    lambda x=x: torch.nonzero(x),
-                    "torch.nonzero",
-                    numpy=(lambda a=x_np: np.argwhere(a)) if device == "cpu" else None,
-                )
+                yield nonzero_case(f"{str(dtype)[6:]} n={n:.0e} density={density}", x, device)
     n = sizes(device, quick)[-1]
     for density in [0.01, 0.5, 0.99]:
         x = make_input(n, torch.bool, density, device, shape=(n // 1000, 1000))
-        x_np = x.cpu().numpy()
-        yield Case(
-            "nonzero",
-            f"bool [{n // 1000},1000] density={density}",
-            lambda x=x: torch_masked.nonzero(x),
-            lambda x=x: torch.nonzero(x),
-            "torch.nonzero",
-            numpy=(lambda a=x_np: np.argwhere(a)) if device == "cpu" else None,
-        )
+        yield nonzero_case(f"bool [{n // 1000},1000] density={density}", x, device)
         size = int(n * density) // 2
         yield Case(
             "nonzero_static",
