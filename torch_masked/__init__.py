@@ -11,9 +11,11 @@ broken build fails here, loudly, with the original error.
 import torch  # noqa: F401  -- libtorch must be loaded before our extension
 
 from . import _C  # noqa: F401
+from .ops.boolean_mask import boolean_mask
 from .ops.nonzero import nonzero, nonzero_static
 
 __all__ = [
+    "boolean_mask",
     "nonzero",
     "nonzero_static",
 ]

@@ -1,0 +1,294 @@
+// CPU kernels for masked::boolean_mask and masked::boolean_mask_backward.
+// The tensor is viewed as [outer, rows, inner] (boolean_mask.h): every true
+// mask position moves one contiguous slice of `inner` elements. A parallel
+// count over chunks of mask positions and a prefix sum (compaction.h) tell
+// each chunk where its slices go; then every (chunk, outer block) pair moves
+// its slices on its own. Only bits move, so one instantiation per element
+// size serves every dtype.
+#include "boolean_mask.h"
+#include "common.h"
+#include "cpu/compaction.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+namespace torch_masked {
+namespace cpu {
+namespace {
+
+// Elements moved by one task, at least, so that small inputs stay on one thread.
+constexpr int64_t kMinTaskElements = int64_t{1} << 15;
+// Mask bytes are looked at 8 at a time: an all-false word is skipped, an
+// all-true word moves its 8 slices as one block.
+constexpr int64_t kWord = 8;
+constexpr uint64_t kAllTrue = 0x0101010101010101ULL;
+// Slices this large are moved with memcpy/memset, a whole run of equal mask
+// positions per call; smaller ones by branch-free loops, one slice per position.
+constexpr int64_t kRunSliceBytes = 64;
+
+uint64_t load_word(const uint8_t* mask) {
+  uint64_t word;
+  std::memcpy(&word, mask, sizeof(word));
+  return word;
+}
+
+int64_t count_true(const uint8_t* mask, int64_t begin, int64_t end) {
+  int64_t count = 0;
+  for (int64_t j = begin; j < end; ++j) {
+    count += mask[j] != 0;
+  }
+  return count;
+}
+
+// One past the last true position of [begin, end), or begin if none is true.
+int64_t end_of_last_true(const uint8_t* mask, int64_t begin, int64_t end) {
+  while (end > begin && mask[end - 1] == 0) {
+    --end;
+  }
+  return end;
+}
+
+// The end of the run of positions from j (< end) that agree with mask[j].
+int64_t run_end(const uint8_t* mask, int64_t j, int64_t end) {
+  const bool value = mask[j] != 0;
+  const uint64_t whole_word = value ? kAllTrue : 0;
+  ++j;
+  while (j + kWord <= end && load_word(mask + j) == whole_word) {
+    j += kWord;
+  }
+  while (j < end && (mask[j] != 0) == value) {
+    ++j;
+  }
+  return j;
+}
+
+// Large slices: one memcpy per run of true positions (consecutive selected
+// slices are contiguous on both sides), one memset per run of false ones.
+struct RunMover {
+  int64_t slice_bytes;
+
+  // Copies the selected slices of src (indexed by mask position) to dst, packed.
+  void compact(const uint8_t* mask, int64_t begin, int64_t end, const char* src, char* dst) const {
+    for (int64_t j = begin; j < end;) {
+      const int64_t stop = run_end(mask, j, end);
+      if (mask[j] != 0) {
+        std::memcpy(dst, src + j * slice_bytes, (stop - j) * slice_bytes);
+        dst += (stop - j) * slice_bytes;
+      }
+      j = stop;
+    }
+  }
+
+  // The inverse into every slice of dst: packed src slices where the mask is
+  // true, zeros (all bits clear, zero in every dtype) where it is false.
+  void expand(const uint8_t* mask, int64_t begin, int64_t end, const char* src, char* dst) const {
+    for (int64_t j = begin; j < end;) {
+      const int64_t stop = run_end(mask, j, end);
+      if (mask[j] != 0) {
+        std::memcpy(dst + j * slice_bytes, src, (stop - j) * slice_bytes);
+        src += (stop - j) * slice_bytes;
+      } else {
+        std::memset(dst + j * slice_bytes, 0, (stop - j) * slice_bytes);
+      }
+      j = stop;
+    }
+  }
+};
+
+// Small slices of `units` Units each (kOneUnit: exactly one, moved by a
+// single load and store). Every position moves its slice unconditionally and
+// only a true one advances the packed index k, so there is no branch to
+// mispredict. The packed side is touched at index k for false positions too,
+// which stays inside the chunk's part as long as a true position follows, so
+// the loops stop at the last true one.
+template <typename Unit, bool kOneUnit>
+struct BranchFreeMover {
+  int64_t units;
+
+  int64_t stride() const { return kOneUnit ? 1 : units; }
+
+  void copy(Unit* dst, const Unit* src) const {
+    if constexpr (kOneUnit) {
+      *dst = *src;
+    } else {
+      for (int64_t t = 0; t < units; ++t) {
+        dst[t] = src[t];
+      }
+    }
+  }
+
+  void copy_or_zero(Unit* dst, const Unit* src, bool keep) const {
+    for (int64_t t = 0; t < stride(); ++t) {
+      const Unit value = src[t];
+      dst[t] = keep ? value : Unit{};
+    }
+  }
+
+  void compact(const uint8_t* mask, int64_t begin, int64_t end, const char* src_bytes, char* dst_bytes) const {
+    const Unit* src = reinterpret_cast<const Unit*>(src_bytes);
+    Unit* dst = reinterpret_cast<Unit*>(dst_bytes);
+    end = end_of_last_true(mask, begin, end);
+    int64_t k = 0;
+    int64_t j = begin;
+    for (; j + kWord <= end; j += kWord) {
+      const uint64_t word = load_word(mask + j);
+      if (word == 0) {
+        continue;
+      }
+      if (word == kAllTrue) {
+        std::memcpy(dst + k * stride(), src + j * stride(), kWord * stride() * sizeof(Unit));
+        k += kWord;
+        continue;
+      }
+      for (int64_t u = j; u < j + kWord; ++u) {
+        copy(dst + k * stride(), src + u * stride());
+        k += mask[u] != 0;
+      }
+    }
+    for (; j < end; ++j) {
+      copy(dst + k * stride(), src + j * stride());
+      k += mask[j] != 0;
+    }
+  }
+
+  void expand(const uint8_t* mask, int64_t begin, int64_t end, const char* src_bytes, char* dst_bytes) const {
+    const Unit* src = reinterpret_cast<const Unit*>(src_bytes);
+    Unit* dst = reinterpret_cast<Unit*>(dst_bytes);
+    const int64_t last = end_of_last_true(mask, begin, end);
+    int64_t k = 0;
+    int64_t j = begin;
+    for (; j + kWord <= last; j += kWord) {
+      const uint64_t word = load_word(mask + j);
+      if (word == 0) {
+        std::memset(dst + j * stride(), 0, kWord * stride() * sizeof(Unit));
+        continue;
+      }
+      if (word == kAllTrue) {
+        std::memcpy(dst + j * stride(), src + k * stride(), kWord * stride() * sizeof(Unit));
+        k += kWord;
+        continue;
+      }
+      for (int64_t u = j; u < j + kWord; ++u) {
+        copy_or_zero(dst + u * stride(), src + k * stride(), mask[u] != 0);
+        k += mask[u] != 0;
+      }
+    }
+    for (; j < last; ++j) {
+      copy_or_zero(dst + j * stride(), src + k * stride(), mask[j] != 0);
+      k += mask[j] != 0;
+    }
+    std::memset(dst + last * stride(), 0, (end - last) * stride() * sizeof(Unit));
+  }
+};
+
+bool aligned_to(const void* pointer, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+// Calls fn with the mover that suits slices of `slice_bytes` bytes between
+// buffers a and b: memcpy runs for large slices; a slice of 1, 2, 4, 8 or 16
+// aligned bytes as a single unit of that size; otherwise element by element.
+template <typename Fn>
+void with_mover(const char* op, int64_t slice_bytes, int64_t element_size, const void* a, const void* b, Fn&& fn) {
+  if (slice_bytes >= kRunSliceBytes) {
+    return fn(RunMover{slice_bytes});
+  }
+  const bool one_unit = (slice_bytes & (slice_bytes - 1)) == 0 && aligned_to(a, slice_bytes) && aligned_to(b, slice_bytes);
+  if (one_unit) {
+    return dispatch_by_element_size(op, slice_bytes, [&](auto unit) {
+      fn(BranchFreeMover<decltype(unit), true>{1});
+    });
+  }
+  dispatch_by_element_size(op, element_size, [&](auto unit) {
+    fn(BranchFreeMover<decltype(unit), false>{slice_bytes / element_size});
+  });
+}
+
+// Runs task(block, begin, end, packed_begin) for every outer block and every
+// chunk of mask positions [begin, end), whose selected slices are the packed
+// ones from packed_begin on. Tasks of one chunk are neighbours, so a thread
+// reuses the chunk's mask from its cache across blocks.
+template <typename Task>
+void for_each_task(const MaskedView& view, const CompactionPlan& plan, const Task& task) {
+  const int64_t chunk_elements = std::min(plan.chunk_size, view.rows) * std::max<int64_t>(view.inner, 1);
+  const int64_t grain = std::max<int64_t>(1, kMinTaskElements / std::max<int64_t>(chunk_elements, 1));
+  at::parallel_for(0, plan.num_chunks() * view.outer, grain, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t chunk = t / view.outer;
+      const int64_t block = t % view.outer;
+      const int64_t begin = chunk * plan.chunk_size;
+      task(block, begin, std::min(view.rows, begin + plan.chunk_size), plan.offsets[chunk]);
+    }
+  });
+}
+
+CompactionPlan plan_mask(const uint8_t* mask, const MaskedView& view) {
+  // Chunks of mask positions large enough to move kMinTaskElements elements.
+  const int64_t min_chunk = std::max<int64_t>(1, kMinTaskElements / std::max<int64_t>(view.inner, 1));
+  return plan_compaction(
+      view.rows, [&](int64_t begin, int64_t end) { return count_true(mask, begin, end); }, min_chunk);
+}
+
+at::Tensor boolean_mask_cpu(const at::Tensor& tensor, const at::Tensor& mask, int64_t axis) {
+  check_same_device("boolean_mask", {{"tensor", &tensor}, {"mask", &mask}});
+  const MaskedView view = masked_view("boolean_mask", "tensor.shape", tensor.sizes(), mask, axis);
+  const at::Tensor flags = mask.contiguous();
+  const uint8_t* mask_data = static_cast<const uint8_t*>(flags.const_data_ptr());
+  const CompactionPlan plan = plan_mask(mask_data, view);
+  const at::Tensor input = tensor.contiguous();
+  at::Tensor result = at::empty(view.masked_shape(tensor.sizes(), plan.total()), input.options());
+  if (result.numel() == 0) {
+    return result;
+  }
+  const int64_t slice_bytes = view.inner * input.element_size();
+  const char* src = static_cast<const char*>(input.const_data_ptr());
+  char* dst = static_cast<char*>(result.data_ptr());
+  with_mover("boolean_mask", slice_bytes, input.element_size(), src, dst, [&](auto mover) {
+    for_each_task(view, plan, [&](int64_t block, int64_t begin, int64_t end, int64_t packed) {
+      mover.compact(mask_data, begin, end, src + block * view.rows * slice_bytes,
+                    dst + (block * plan.total() + packed) * slice_bytes);
+    });
+  });
+  return result;
+}
+
+at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& mask, at::IntArrayRef input_shape,
+                                     int64_t axis) {
+  check_same_device("boolean_mask_backward", {{"grad", &grad}, {"mask", &mask}});
+  const MaskedView view = masked_view("boolean_mask_backward", "input_shape", input_shape, mask, axis);
+  check_masked_grad(grad, input_shape, view);
+  const at::Tensor flags = mask.contiguous();
+  const uint8_t* mask_data = static_cast<const uint8_t*>(flags.const_data_ptr());
+  const CompactionPlan plan = plan_mask(mask_data, view);
+  TORCH_CHECK_VALUE(grad.size(view.axis) == plan.total(), "boolean_mask_backward: expected grad.shape[", view.axis,
+                    "] to equal the number of true elements of mask, ", plan.total(), ", got ",
+                    grad.size(view.axis));
+  const at::Tensor packed_grad = grad.contiguous();
+  at::Tensor result = at::empty(input_shape, packed_grad.options());
+  if (result.numel() == 0) {
+    return result;
+  }
+  const int64_t slice_bytes = view.inner * packed_grad.element_size();
+  const char* src = static_cast<const char*>(packed_grad.const_data_ptr());
+  char* dst = static_cast<char*>(result.data_ptr());
+  with_mover("boolean_mask_backward", slice_bytes, packed_grad.element_size(), src, dst, [&](auto mover) {
+    for_each_task(view, plan, [&](int64_t block, int64_t begin, int64_t end, int64_t packed) {
+      mover.expand(mask_data, begin, end, src + (block * plan.total() + packed) * slice_bytes,
+                   dst + block * view.rows * slice_bytes);
+    });
+  });
+  return result;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, CPU, m) {
+  m.impl("boolean_mask", &boolean_mask_cpu);
+  m.impl("boolean_mask_backward", &boolean_mask_backward_cpu);
+}
+
+}  // namespace cpu
+}  // namespace torch_masked
