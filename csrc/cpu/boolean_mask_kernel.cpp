@@ -196,7 +196,7 @@ void with_mover(const char* op, int64_t slice_bytes, int64_t element_size, const
   if (slice_bytes >= kRunSliceBytes) {
     return fn(RunMover{slice_bytes});
   }
-  const bool one_unit = (slice_bytes & (slice_bytes - 1)) == 0 && aligned_to(a, slice_bytes) && aligned_to(b, slice_bytes);
+  const bool one_unit = slice_bytes <= 16 && (slice_bytes & (slice_bytes - 1)) == 0 && aligned_to(a, slice_bytes) && aligned_to(b, slice_bytes);
   if (one_unit) {
     return dispatch_by_element_size(op, slice_bytes, [&](auto unit) {
       fn(BranchFreeMover<decltype(unit), true>{1});
