@@ -7,6 +7,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,6 +65,21 @@ inline MaskedView masked_view(
     part *= shape[d];
   }
   return view;
+}
+
+// Slices move as units of the widest size (16, 8, 4, 2 or 1 bytes) that
+// divides a slice and to which every buffer involved is aligned.
+inline int64_t widest_unit_bytes(int64_t slice_bytes, std::initializer_list<const void*> buffers) {
+  for (int64_t unit = 16; unit > 1; unit /= 2) {
+    bool fits = slice_bytes % unit == 0;
+    for (const void* buffer : buffers) {
+      fits = fits && reinterpret_cast<uintptr_t>(buffer) % unit == 0;
+    }
+    if (fits) {
+      return unit;
+    }
+  }
+  return 1;
 }
 
 // The checks of masked::boolean_mask_backward beyond those on mask: grad has

@@ -184,26 +184,22 @@ struct BranchFreeMover {
   }
 };
 
-bool aligned_to(const void* pointer, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
-}
-
 // Calls fn with the mover that suits slices of `slice_bytes` bytes between
-// buffers a and b: memcpy runs for large slices; a slice of 1, 2, 4, 8 or 16
-// aligned bytes as a single unit of that size; otherwise element by element.
+// buffers a and b: memcpy runs for large slices; otherwise the branch-free
+// loops over the widest units that fit, a single unit per slice if it can.
 template <typename Fn>
-void with_mover(const char* op, int64_t slice_bytes, int64_t element_size, const void* a, const void* b, Fn&& fn) {
+void with_mover(const char* op, int64_t slice_bytes, const void* a, const void* b, Fn&& fn) {
   if (slice_bytes >= kRunSliceBytes) {
     return fn(RunMover{slice_bytes});
   }
-  const bool one_unit = slice_bytes <= 16 && (slice_bytes & (slice_bytes - 1)) == 0 && aligned_to(a, slice_bytes) && aligned_to(b, slice_bytes);
-  if (one_unit) {
-    return dispatch_by_element_size(op, slice_bytes, [&](auto unit) {
-      fn(BranchFreeMover<decltype(unit), true>{1});
-    });
-  }
-  dispatch_by_element_size(op, element_size, [&](auto unit) {
-    fn(BranchFreeMover<decltype(unit), false>{slice_bytes / element_size});
+  const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {a, b});
+  dispatch_by_element_size(op, unit_bytes, [&](auto unit) {
+    using Unit = decltype(unit);
+    if (unit_bytes == slice_bytes) {
+      fn(BranchFreeMover<Unit, true>{1});
+    } else {
+      fn(BranchFreeMover<Unit, false>{slice_bytes / unit_bytes});
+    }
   });
 }
 
@@ -246,7 +242,7 @@ at::Tensor boolean_mask_cpu(const at::Tensor& tensor, const at::Tensor& mask, in
   const int64_t slice_bytes = view.inner * input.element_size();
   const char* src = static_cast<const char*>(input.const_data_ptr());
   char* dst = static_cast<char*>(result.data_ptr());
-  with_mover("boolean_mask", slice_bytes, input.element_size(), src, dst, [&](auto mover) {
+  with_mover("boolean_mask", slice_bytes, src, dst, [&](auto mover) {
     for_each_task(view, plan, [&](int64_t block, int64_t begin, int64_t end, int64_t packed) {
       mover.compact(mask_data, begin, end, src + block * view.rows * slice_bytes,
                     dst + (block * plan.total() + packed) * slice_bytes);
@@ -274,7 +270,7 @@ at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& m
   const int64_t slice_bytes = view.inner * packed_grad.element_size();
   const char* src = static_cast<const char*>(packed_grad.const_data_ptr());
   char* dst = static_cast<char*>(result.data_ptr());
-  with_mover("boolean_mask_backward", slice_bytes, packed_grad.element_size(), src, dst, [&](auto mover) {
+  with_mover("boolean_mask_backward", slice_bytes, src, dst, [&](auto mover) {
     for_each_task(view, plan, [&](int64_t block, int64_t begin, int64_t end, int64_t packed) {
       mover.expand(mask_data, begin, end, src + (block * plan.total() + packed) * slice_bytes,
                    dst + block * view.rows * slice_bytes);
