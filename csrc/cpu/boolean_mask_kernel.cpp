@@ -15,6 +15,10 @@
 
 #include <cstring>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 namespace torch_masked {
 namespace cpu {
 namespace {
@@ -35,9 +39,20 @@ uint64_t load_word(const uint8_t* mask) {
   return word;
 }
 
+// Counts non-zero bytes, 8 per step: each byte's bits are folded into its
+// lowest bit, and one multiply sums the 8 lowest bits into the top byte.
+// Every loop here reads `mask[j] != 0`, so all agree whatever the bytes hold.
 int64_t count_true(const uint8_t* mask, int64_t begin, int64_t end) {
   int64_t count = 0;
-  for (int64_t j = begin; j < end; ++j) {
+  int64_t j = begin;
+  for (; j + kWord <= end; j += kWord) {
+    uint64_t bits = load_word(mask + j);
+    bits |= bits >> 4;
+    bits |= bits >> 2;
+    bits |= bits >> 1;
+    count += static_cast<int64_t>(((bits & kAllTrue) * kAllTrue) >> 56);
+  }
+  for (; j < end; ++j) {
     count += mask[j] != 0;
   }
   return count;
@@ -184,6 +199,21 @@ struct BranchFreeMover {
   }
 };
 
+// The copies fault a large fresh output in page by page; asking for
+// transparent huge pages first (as NumPy does for its arrays) makes that a
+// few hundred times fewer faults. Only a hint: the kernel may ignore it.
+void advise_huge_pages(const at::Tensor& output) {
+#ifdef __linux__
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(output.data_ptr());
+  const uintptr_t begin = (start + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = (start + output.nbytes()) & ~(kHugePage - 1);
+  if (end >= begin + 2 * kHugePage) {
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+#endif
+}
+
 // Calls fn with the mover that suits slices of `slice_bytes` bytes between
 // buffers a and b: memcpy runs for large slices; otherwise the branch-free
 // loops over the widest units that fit, a single unit per slice if it can.
@@ -239,6 +269,7 @@ at::Tensor boolean_mask_cpu(const at::Tensor& tensor, const at::Tensor& mask, in
   if (result.numel() == 0) {
     return result;
   }
+  advise_huge_pages(result);
   const int64_t slice_bytes = view.inner * input.element_size();
   const char* src = static_cast<const char*>(input.const_data_ptr());
   char* dst = static_cast<char*>(result.data_ptr());
@@ -267,6 +298,7 @@ at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& m
   if (result.numel() == 0) {
     return result;
   }
+  advise_huge_pages(result);
   const int64_t slice_bytes = view.inner * packed_grad.element_size();
   const char* src = static_cast<const char*>(packed_grad.const_data_ptr());
   char* dst = static_cast<char*>(result.data_ptr());
