@@ -60,6 +60,9 @@ int64_t count_true(const uint8_t* mask, int64_t begin, int64_t end) {
 
 // One past the last true position of [begin, end), or begin if none is true.
 int64_t end_of_last_true(const uint8_t* mask, int64_t begin, int64_t end) {
+  while (end - kWord >= begin && load_word(mask + end - kWord) == 0) {
+    end -= kWord;
+  }
   while (end > begin && mask[end - 1] == 0) {
     --end;
   }
@@ -80,45 +83,89 @@ int64_t run_end(const uint8_t* mask, int64_t j, int64_t end) {
   return j;
 }
 
-// Large slices: one memcpy per run of true positions (consecutive selected
-// slices are contiguous on both sides), one memset per run of false ones.
+// The outer blocks that one task moves for one chunk of mask positions:
+// `count` blocks, the first at src and dst, the next `*_stride` bytes on.
+// The mask-position side (the input of compact, the output of expand) points
+// at the block's position 0; the packed side at the chunk's first packed slice.
+struct Blocks {
+  int64_t count;
+  const char* src;
+  int64_t src_stride;
+  char* dst;
+  int64_t dst_stride;
+};
+
+// Large slices: one memcpy per run of true positions and block (consecutive
+// selected slices are contiguous on both sides), one memset per run of false
+// ones in expand.
 struct RunMover {
   int64_t slice_bytes;
 
-  // Copies the selected slices of src (indexed by mask position) to dst, packed.
-  void compact(const uint8_t* mask, int64_t begin, int64_t end, const char* src, char* dst) const {
+  // Copies the selected slices to the packed side.
+  void compact(const uint8_t* mask, int64_t begin, int64_t end, const Blocks& blocks) const {
+    int64_t packed = 0;
     for (int64_t j = begin; j < end;) {
       const int64_t stop = run_end(mask, j, end);
       if (mask[j] != 0) {
-        std::memcpy(dst, src + j * slice_bytes, (stop - j) * slice_bytes);
-        dst += (stop - j) * slice_bytes;
+        for (int64_t b = 0; b < blocks.count; ++b) {
+          std::memcpy(blocks.dst + b * blocks.dst_stride + packed * slice_bytes,
+                      blocks.src + b * blocks.src_stride + j * slice_bytes, (stop - j) * slice_bytes);
+        }
+        packed += stop - j;
       }
       j = stop;
     }
   }
 
-  // The inverse into every slice of dst: packed src slices where the mask is
-  // true, zeros (all bits clear, zero in every dtype) where it is false.
-  void expand(const uint8_t* mask, int64_t begin, int64_t end, const char* src, char* dst) const {
+  // The inverse into every slice: packed slices where the mask is true,
+  // zeros (all bits clear: zero in every dtype) where it is false.
+  void expand(const uint8_t* mask, int64_t begin, int64_t end, const Blocks& blocks) const {
+    int64_t packed = 0;
     for (int64_t j = begin; j < end;) {
       const int64_t stop = run_end(mask, j, end);
-      if (mask[j] != 0) {
-        std::memcpy(dst + j * slice_bytes, src, (stop - j) * slice_bytes);
-        src += (stop - j) * slice_bytes;
-      } else {
-        std::memset(dst + j * slice_bytes, 0, (stop - j) * slice_bytes);
+      for (int64_t b = 0; b < blocks.count; ++b) {
+        char* dst = blocks.dst + b * blocks.dst_stride + j * slice_bytes;
+        if (mask[j] != 0) {
+          std::memcpy(dst, blocks.src + b * blocks.src_stride + packed * slice_bytes, (stop - j) * slice_bytes);
+        } else {
+          std::memset(dst, 0, (stop - j) * slice_bytes);
+        }
       }
+      packed += mask[j] != 0 ? stop - j : 0;
       j = stop;
     }
   }
 };
 
+// Mask positions looked at together by compact: their true ones are listed
+// first, then gathered, so that the loads of a sparse selection do not wait
+// on each other behind mispredicted branches.
+constexpr int64_t kBatch = 1024;
+
+// Lists the true positions of [first, last) (at most kBatch), as offsets
+// from first, into picked; returns how many. Branch-free: every position is
+// written at the current end of the list, and only a true one extends it.
+int64_t pick_true(const uint8_t* mask, int64_t first, int64_t last, uint16_t* picked) {
+  int64_t count = 0;
+  int64_t j = first;
+  for (; j + kWord <= last; j += kWord) {
+    if (load_word(mask + j) == 0) {
+      continue;
+    }
+    for (int64_t u = j; u < j + kWord; ++u) {
+      picked[count] = static_cast<uint16_t>(u - first);
+      count += mask[u] != 0;
+    }
+  }
+  for (; j < last; ++j) {
+    picked[count] = static_cast<uint16_t>(j - first);
+    count += mask[j] != 0;
+  }
+  return count;
+}
+
 // Small slices of `units` Units each (kOneUnit: exactly one, moved by a
-// single load and store). Every position moves its slice unconditionally and
-// only a true one advances the packed index k, so there is no branch to
-// mispredict. The packed side is touched at index k for false positions too,
-// which stays inside the chunk's part as long as a true position follows, so
-// the loops stop at the last true one.
+// single load and store), moved with no branch per position.
 template <typename Unit, bool kOneUnit>
 struct BranchFreeMover {
   int64_t units;
@@ -142,36 +189,35 @@ struct BranchFreeMover {
     }
   }
 
-  void compact(const uint8_t* mask, int64_t begin, int64_t end, const char* src_bytes, char* dst_bytes) const {
-    const Unit* src = reinterpret_cast<const Unit*>(src_bytes);
-    Unit* dst = reinterpret_cast<Unit*>(dst_bytes);
-    end = end_of_last_true(mask, begin, end);
-    int64_t k = 0;
-    int64_t j = begin;
-    for (; j + kWord <= end; j += kWord) {
-      const uint64_t word = load_word(mask + j);
-      if (word == 0) {
-        continue;
+  // Lists each batch's true positions once, then gathers them in every block.
+  void compact(const uint8_t* mask, int64_t begin, int64_t end, const Blocks& blocks) const {
+    uint16_t picked[kBatch];
+    int64_t packed = 0;
+    for (int64_t first = begin; first < end; first += kBatch) {
+      const int64_t count = pick_true(mask, first, std::min(end, first + kBatch), picked);
+      for (int64_t b = 0; b < blocks.count; ++b) {
+        const Unit* src = reinterpret_cast<const Unit*>(blocks.src + b * blocks.src_stride) + first * stride();
+        Unit* dst = reinterpret_cast<Unit*>(blocks.dst + b * blocks.dst_stride) + packed * stride();
+        for (int64_t i = 0; i < count; ++i) {
+          copy(dst + i * stride(), src + picked[i] * stride());
+        }
       }
-      if (word == kAllTrue) {
-        std::memcpy(dst + k * stride(), src + j * stride(), kWord * stride() * sizeof(Unit));
-        k += kWord;
-        continue;
-      }
-      for (int64_t u = j; u < j + kWord; ++u) {
-        copy(dst + k * stride(), src + u * stride());
-        k += mask[u] != 0;
-      }
-    }
-    for (; j < end; ++j) {
-      copy(dst + k * stride(), src + j * stride());
-      k += mask[j] != 0;
+      packed += count;
     }
   }
 
-  void expand(const uint8_t* mask, int64_t begin, int64_t end, const char* src_bytes, char* dst_bytes) const {
-    const Unit* src = reinterpret_cast<const Unit*>(src_bytes);
-    Unit* dst = reinterpret_cast<Unit*>(dst_bytes);
+  void expand(const uint8_t* mask, int64_t begin, int64_t end, const Blocks& blocks) const {
+    for (int64_t b = 0; b < blocks.count; ++b) {
+      expand_block(mask, begin, end, reinterpret_cast<const Unit*>(blocks.src + b * blocks.src_stride),
+                   reinterpret_cast<Unit*>(blocks.dst + b * blocks.dst_stride));
+    }
+  }
+
+  // Every position writes its slice, from the packed slice k or zero, and
+  // only a true one advances k. Packed slice k is read for false positions
+  // too, which stays inside the chunk's part as long as a true position
+  // follows, so the branch-free loop stops at the last true one.
+  void expand_block(const uint8_t* mask, int64_t begin, int64_t end, const Unit* src, Unit* dst) const {
     const int64_t last = end_of_last_true(mask, begin, end);
     int64_t k = 0;
     int64_t j = begin;
@@ -233,20 +279,23 @@ void with_mover(const char* op, int64_t slice_bytes, const void* a, const void* 
   });
 }
 
-// Runs task(block, begin, end, packed_begin) for every outer block and every
-// chunk of mask positions [begin, end), whose selected slices are the packed
-// ones from packed_begin on. Tasks of one chunk are neighbours, so a thread
-// reuses the chunk's mask from its cache across blocks.
+// Runs task(first_block, blocks, begin, end, packed_begin) over every outer
+// block and every chunk of mask positions [begin, end), whose selected
+// slices are the packed ones from packed_begin on. Work is split over
+// (chunk, block) pairs; a task gets consecutive blocks of one chunk, so the
+// chunk's mask is read once for all of them.
 template <typename Task>
 void for_each_task(const MaskedView& view, const CompactionPlan& plan, const Task& task) {
   const int64_t chunk_elements = std::min(plan.chunk_size, view.rows) * std::max<int64_t>(view.inner, 1);
   const int64_t grain = std::max<int64_t>(1, kMinTaskElements / std::max<int64_t>(chunk_elements, 1));
   at::parallel_for(0, plan.num_chunks() * view.outer, grain, [&](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t) {
+    for (int64_t t = first; t < last;) {
       const int64_t chunk = t / view.outer;
       const int64_t block = t % view.outer;
+      const int64_t blocks = std::min(last - t, view.outer - block);
       const int64_t begin = chunk * plan.chunk_size;
-      task(block, begin, std::min(view.rows, begin + plan.chunk_size), plan.offsets[chunk]);
+      task(block, blocks, begin, std::min(view.rows, begin + plan.chunk_size), plan.offsets[chunk]);
+      t += blocks;
     }
   });
 }
@@ -274,9 +323,12 @@ at::Tensor boolean_mask_cpu(const at::Tensor& tensor, const at::Tensor& mask, in
   const char* src = static_cast<const char*>(input.const_data_ptr());
   char* dst = static_cast<char*>(result.data_ptr());
   with_mover("boolean_mask", slice_bytes, src, dst, [&](auto mover) {
-    for_each_task(view, plan, [&](int64_t block, int64_t begin, int64_t end, int64_t packed) {
-      mover.compact(mask_data, begin, end, src + block * view.rows * slice_bytes,
-                    dst + (block * plan.total() + packed) * slice_bytes);
+    const int64_t rows_bytes = view.rows * slice_bytes;
+    const int64_t packed_bytes = plan.total() * slice_bytes;
+    for_each_task(view, plan, [&](int64_t block, int64_t blocks, int64_t begin, int64_t end, int64_t packed) {
+      mover.compact(mask_data, begin, end,
+                    Blocks{blocks, src + block * rows_bytes, rows_bytes,
+                           dst + block * packed_bytes + packed * slice_bytes, packed_bytes});
     });
   });
   return result;
@@ -303,9 +355,12 @@ at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& m
   const char* src = static_cast<const char*>(packed_grad.const_data_ptr());
   char* dst = static_cast<char*>(result.data_ptr());
   with_mover("boolean_mask_backward", slice_bytes, src, dst, [&](auto mover) {
-    for_each_task(view, plan, [&](int64_t block, int64_t begin, int64_t end, int64_t packed) {
-      mover.expand(mask_data, begin, end, src + (block * plan.total() + packed) * slice_bytes,
-                   dst + block * view.rows * slice_bytes);
+    const int64_t rows_bytes = view.rows * slice_bytes;
+    const int64_t packed_bytes = plan.total() * slice_bytes;
+    for_each_task(view, plan, [&](int64_t block, int64_t blocks, int64_t begin, int64_t end, int64_t packed) {
+      mover.expand(mask_data, begin, end,
+                   Blocks{blocks, src + block * packed_bytes + packed * slice_bytes, packed_bytes,
+                          dst + block * rows_bytes, rows_bytes});
     });
   });
   return result;
