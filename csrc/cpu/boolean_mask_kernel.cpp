@@ -254,7 +254,7 @@ void advise_huge_pages(const at::Tensor& output) {
   const uintptr_t start = reinterpret_cast<uintptr_t>(output.data_ptr());
   const uintptr_t begin = (start + kHugePage - 1) & ~(kHugePage - 1);
   const uintptr_t end = (start + output.nbytes()) & ~(kHugePage - 1);
-  if (end >= begin + 2 * kHugePage) {
+  if (end > begin) {
     madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
   }
 #endif

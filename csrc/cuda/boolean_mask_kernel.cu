@@ -144,11 +144,12 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
   // A single block whose slices are single units: CUB's flagged selection
   // compacts the data itself in one pass, after a count (the mask's sum)
   // that sizes the output. Otherwise a scan of the mask gives every selected
-  // slice its packed place.
-  const bool select_units = view.outer == 1 && unit_bytes == slice_bytes &&
-                            view.rows <= std::numeric_limits<int32_t>::max();
+  // slice its packed place. (The count and the selection take 32-bit sizes
+  // on older CUB; the scan takes 64-bit ones.)
+  const bool int_rows = view.rows <= std::numeric_limits<int32_t>::max();
+  const bool select_units = int_rows && view.outer == 1 && unit_bytes == slice_bytes;
   at::Tensor counts;
-  if (select_units || input.numel() == 0) {
+  if (select_units || (int_rows && input.numel() == 0)) {
     counts = at::empty({1}, input.options().dtype(at::kLong));
     int64_t* total = counts.data_ptr<int64_t>();
     run_cub(input.options(), [&](void* temp, size_t& temp_bytes) {
