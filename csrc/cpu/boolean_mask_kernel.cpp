@@ -2,8 +2,8 @@
 // The tensor is viewed as [outer, rows, inner] (boolean_mask.h): every true
 // mask position moves one contiguous slice of `inner` elements. A parallel
 // count over chunks of mask positions and a prefix sum (compaction.h) tell
-// each chunk where its slices go; then every (chunk, outer block) pair moves
-// its slices on its own. Only bits move, so one instantiation per element
+// each chunk where its slices go; then tasks of (chunk, run of outer blocks)
+// move their slices on their own. Only bits move, so one instantiation per element
 // size serves every dtype.
 #include "boolean_mask.h"
 #include "common.h"
@@ -25,8 +25,8 @@ namespace {
 
 // Elements moved by one task, at least, so that small inputs stay on one thread.
 constexpr int64_t kMinTaskElements = int64_t{1} << 15;
-// Mask bytes are looked at 8 at a time: an all-false word is skipped, an
-// all-true word moves its 8 slices as one block.
+// Mask bytes are looked at 8 at a time: an all-false word is skipped (or
+// zeroed), an all-true word's 8 slices move as one block in expand.
 constexpr int64_t kWord = 8;
 constexpr uint64_t kAllTrue = 0x0101010101010101ULL;
 // Slices this large are moved with memcpy/memset, a whole run of equal mask
