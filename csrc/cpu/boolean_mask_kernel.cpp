@@ -26,7 +26,7 @@ namespace {
 // Elements moved by one task, at least, so that small inputs stay on one thread.
 constexpr int64_t kMinTaskElements = int64_t{1} << 15;
 // Mask bytes are looked at 8 at a time: an all-false word is skipped (or
-// zeroed), an all-true word's 8 slices move as one block in expand.
+// zeroed), an all-true word's 8 positions are taken without testing each.
 constexpr int64_t kWord = 8;
 constexpr uint64_t kAllTrue = 0x0101010101010101ULL;
 // Slices this large are moved with memcpy/memset, a whole run of equal mask
@@ -149,7 +149,15 @@ int64_t pick_true(const uint8_t* mask, int64_t first, int64_t last, uint16_t* pi
   int64_t count = 0;
   int64_t j = first;
   for (; j + kWord <= last; j += kWord) {
-    if (load_word(mask + j) == 0) {
+    const uint64_t word = load_word(mask + j);
+    if (word == 0) {
+      continue;
+    }
+    if (word == kAllTrue) {
+      for (int64_t u = 0; u < kWord; ++u) {
+        picked[count + u] = static_cast<uint16_t>(j + u - first);
+      }
+      count += kWord;
       continue;
     }
     for (int64_t u = j; u < j + kWord; ++u) {
@@ -189,6 +197,24 @@ struct BranchFreeMover {
     }
   }
 
+  // dst[i] = src[picked[i]] for i < count; 8 consecutive picked slices (the
+  // common case of a dense mask) move as one block.
+  void gather(const Unit* src, const uint16_t* picked, int64_t count, Unit* dst) const {
+    int64_t i = 0;
+    while (i + kWord <= count) {
+      if (picked[i + kWord - 1] - picked[i] == kWord - 1) {
+        std::memcpy(dst + i * stride(), src + picked[i] * stride(), kWord * stride() * sizeof(Unit));
+        i += kWord;
+      } else {
+        copy(dst + i * stride(), src + picked[i] * stride());
+        ++i;
+      }
+    }
+    for (; i < count; ++i) {
+      copy(dst + i * stride(), src + picked[i] * stride());
+    }
+  }
+
   // Lists each batch's true positions once, then gathers them in every block.
   void compact(const uint8_t* mask, int64_t begin, int64_t end, const Blocks& blocks) const {
     uint16_t picked[kBatch];
@@ -198,9 +224,7 @@ struct BranchFreeMover {
       for (int64_t b = 0; b < blocks.count; ++b) {
         const Unit* src = reinterpret_cast<const Unit*>(blocks.src + b * blocks.src_stride) + first * stride();
         Unit* dst = reinterpret_cast<Unit*>(blocks.dst + b * blocks.dst_stride) + packed * stride();
-        for (int64_t i = 0; i < count; ++i) {
-          copy(dst + i * stride(), src + picked[i] * stride());
-        }
+        gather(src, picked, count, dst);
       }
       packed += count;
     }
