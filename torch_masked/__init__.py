@@ -18,9 +18,11 @@ except ImportError as error:
         f"({error}). Build it with `pip install --no-build-isolation -e .` "
         "(see README.md) against the torch that is installed now."
     ) from error
+from .ops.boolean_mask import boolean_mask
 from .ops.nonzero import nonzero, nonzero_static
 
 __all__ = [
+    "boolean_mask",
     "nonzero",
     "nonzero_static",
 ]

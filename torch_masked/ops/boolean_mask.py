@@ -1,0 +1,126 @@
+"""masked::boolean_mask and masked::boolean_mask_backward: fake kernels,
+autograd formulas and the front door ``torch_masked.boolean_mask``.
+
+The backward op writes the gradient slices back into zeros; its own gradient
+is ``boolean_mask`` again, so every order of derivative stays inside our ops.
+"""
+import operator
+
+import torch
+
+from ._checks import check_same_device
+
+
+def _shape_str(shape):
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _masked_view(op, shape_name, shape, mask, axis):
+    """Mirrors csrc/boolean_mask.h:masked_view; returns (normalised axis, mask.dim())."""
+    torch._check_type(
+        mask.dtype == torch.bool,
+        lambda: f"{op}: expected mask of dtype torch.bool, got {mask.dtype}",
+    )
+    rank = len(shape)
+    mask_dims = mask.dim()
+    torch._check_value(mask_dims >= 1, lambda: f"{op}: expected mask of rank >= 1, got a 0-d mask")
+    torch._check_value(
+        mask_dims <= rank,
+        lambda: f"{op}: expected mask.dim() <= {rank} (the rank of {shape_name}), got mask.dim()={mask_dims}",
+    )
+    torch._check_index(
+        -rank <= axis < rank,
+        lambda: f"{op}: expected axis in [{-rank}, {rank}) for {shape_name} of rank {rank}, got axis={axis}",
+    )
+    start = axis + rank if axis < 0 else axis
+    torch._check_value(
+        start + mask_dims <= rank,
+        lambda: f"{op}: expected axis + mask.dim() <= {rank} (the rank of {shape_name}), "
+        f"got axis={axis} and mask.dim()={mask_dims}",
+    )
+    for size, mask_size in zip(shape[start : start + mask_dims], mask.shape):
+        torch._check_value(
+            size == mask_size,
+            lambda: f"{op}: expected mask.shape to equal {shape_name}[{start}:{start + mask_dims}], "
+            f"got mask.shape={_shape_str(mask.shape)} and {shape_name}={_shape_str(shape)}",
+        )
+    return start, mask_dims
+
+
+@torch.library.register_fake("masked::boolean_mask")
+def _boolean_mask_fake(tensor, mask, axis=0):
+    check_same_device("boolean_mask", tensor=tensor, mask=mask)
+    start, mask_dims = _masked_view("boolean_mask", "tensor.shape", tensor.shape, mask, axis)
+    selected = torch.library.get_ctx().new_dynamic_size()
+    return tensor.new_empty([*tensor.shape[:start], selected, *tensor.shape[start + mask_dims :]])
+
+
+@torch.library.register_fake("masked::boolean_mask_backward")
+def _boolean_mask_backward_fake(grad, mask, input_shape, axis):
+    check_same_device("boolean_mask_backward", grad=grad, mask=mask)
+    start, mask_dims = _masked_view("boolean_mask_backward", "input_shape", input_shape, mask, axis)
+    expected = [*input_shape[:start], None, *input_shape[start + mask_dims :]]
+
+    def message():
+        shape = ", ".join("n" if size is None else str(size) for size in expected)
+        return f"boolean_mask_backward: expected grad of shape [{shape}], got {_shape_str(grad.shape)}"
+
+    torch._check_value(grad.dim() == len(expected), message)
+    for size, grad_size in zip(expected, grad.shape):
+        if size is not None:
+            torch._check_value(size == grad_size, message)
+    return grad.new_empty(input_shape)
+
+
+def _setup_context(ctx, inputs, output):
+    tensor, mask, axis = inputs
+    ctx.save_for_backward(mask)
+    ctx.input_shape = tensor.shape
+    ctx.axis = axis + tensor.dim() if axis < 0 else axis
+
+
+def _boolean_mask_grad(ctx, grad):
+    (mask,) = ctx.saved_tensors
+    grad_tensor = None
+    if ctx.needs_input_grad[0]:
+        grad_tensor = torch.ops.masked.boolean_mask_backward.default(grad, mask, ctx.input_shape, ctx.axis)
+    return grad_tensor, None, None
+
+
+def _backward_setup_context(ctx, inputs, output):
+    _, mask, _, axis = inputs
+    ctx.save_for_backward(mask)
+    ctx.axis = axis
+
+
+def _boolean_mask_backward_grad(ctx, grad_grad):
+    (mask,) = ctx.saved_tensors
+    grad = None
+    if ctx.needs_input_grad[0]:
+        grad = torch.ops.masked.boolean_mask.default(grad_grad, mask, ctx.axis)
+    return grad, None, None, None
+
+
+torch.library.register_autograd("masked::boolean_mask", _boolean_mask_grad, setup_context=_setup_context)
+torch.library.register_autograd(
+    "masked::boolean_mask_backward", _boolean_mask_backward_grad, setup_context=_backward_setup_context
+)
+
+
+def boolean_mask(tensor, mask, axis=None):
+    """``tf.boolean_mask``: the slices of ``tensor`` where ``mask`` is true.
+
+    ``mask`` is a bool tensor of rank K >= 1 whose shape equals
+    ``tensor.shape[axis:axis + K]``; ``axis`` (default 0) may be negative and
+    then counts from the end of ``tensor.shape``. The result has shape
+    ``tensor.shape[:axis] + [n] + tensor.shape[axis + K:]``, ``n`` the number
+    of true elements, taken in row-major order of ``mask``: for ``axis=0``
+    that is NumPy's ``tensor[mask]``. Array-likes (lists, NumPy arrays) are
+    accepted for both arguments. Differentiable with respect to ``tensor``.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        tensor = torch.as_tensor(tensor)
+    if not isinstance(mask, torch.Tensor):
+        mask = torch.as_tensor(mask, device=tensor.device)
+    axis = 0 if axis is None else operator.index(axis)
+    return torch.ops.masked.boolean_mask.default(tensor, mask, axis)
