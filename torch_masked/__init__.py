@@ -12,8 +12,11 @@ import torch  # noqa: F401  -- libtorch must be loaded before our extension
 
 from . import _C  # noqa: F401
 from .ops.nonzero import nonzero, nonzero_static
+from .ops.where import select, where
 
 __all__ = [
     "nonzero",
     "nonzero_static",
+    "select",
+    "where",
 ]
