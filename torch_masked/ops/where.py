@@ -130,6 +130,10 @@ def _kind_of_dtype(dtype):
     return 2 if dtype.is_floating_point else 1
 
 
+# A complex number next to a floating tensor keeps the tensor's precision.
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
 def _kind_of_number(value):
     if isinstance(value, bool):
         return 0
@@ -141,14 +145,16 @@ def _kind_of_number(value):
 def _as_tensor(value, partner, device):
     """`value` as a tensor on `device`. A Python number becomes a 0-d tensor
     that promotes as torch.where's wrapped numbers do: it takes the dtype of a
-    tensor `partner` of the same or a higher kind, else torch's default dtype
-    for its own kind. Anything else (nested lists, NumPy arrays) goes through
+    tensor `partner` of the same or a higher kind, the complex type of a
+    floating partner's precision, else torch's default dtype for its kind. Anything else (nested lists, NumPy arrays) goes through
     torch.as_tensor."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, numbers.Number) and isinstance(partner, torch.Tensor):
         if _kind_of_number(value) <= _kind_of_dtype(partner.dtype):
             return torch.tensor(value, dtype=partner.dtype, device=device)
+        if _kind_of_number(value) == 3 and partner.dtype in _COMPLEX_OF:
+            return torch.tensor(value, dtype=_COMPLEX_OF[partner.dtype], device=device)
     return torch.as_tensor(value, device=device)
 
 
