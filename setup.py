@@ -90,7 +90,9 @@ def extensions():
     debug = os.environ.get("DEBUG", "0") == "1"
     with_cuda, why = decide_cuda()
     cxx_flags = ["-O0", "-g"] if debug else ["-O3"]
-    cxx_flags += ["-fdiagnostics-color=always"]
+    # at::parallel_for is a header template: without OpenMP here it runs every
+    # kernel on one thread. libgomp is the one torch already loaded.
+    cxx_flags += ["-fdiagnostics-color=always", "-fopenmp"]
     sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
     include_dirs = [os.path.join(ROOT, CSRC)]
     extra = {"cxx": cxx_flags}
@@ -113,6 +115,7 @@ def extensions():
             sources=sources,
             include_dirs=include_dirs,
             extra_compile_args=extra,
+            extra_link_args=["-fopenmp"],
         )
     ]
 
