@@ -54,6 +54,21 @@ def _select_rows_case(rows, cols, device):
     )
 
 
+def _copy_reference_case(n, device):
+    """Our same-shape where against a plain device-to-device copy of x: the
+    copy's time gives the card's copy bandwidth (8 bytes per element) to hold
+    where's GB/s column against."""
+    condition, x, y = _inputs((n,), (n,), (n,), device)
+    return Case(
+        "where",
+        f"same shape {n:.0e} f32 vs copy",
+        lambda: torch_masked.where(condition, x, y),
+        lambda: x.clone(),
+        "x.clone() (copy, 8 B/elem)",
+        bytes_moved=n * (1 + 4 + 4 + 4),
+    )
+
+
 def cases(device, quick):
     sizes = [1000] if quick else [10**6, 10**7] + ([10**8] if device == "cuda" else [])
     for n in sizes:
@@ -64,3 +79,5 @@ def cases(device, quick):
         yield _where_case(f"c [{rows},1] x [{rows},{cols}] y [{cols}] f32", (rows, 1), (rows, cols), (cols,), device)
     for n in sizes:
         yield _select_rows_case(n // cols, cols, device)
+    if device == "cuda":
+        yield _copy_reference_case(1000 if quick else 10**8, device)

@@ -231,6 +231,20 @@ def test_select_rows_shapes(device, shape):
     # Rows that start off the 16-byte grid (odd row lengths of bytes).
     x8, y8 = x.to(torch.uint8), y.to(torch.int8).view(torch.uint8)
     assert_same(torch_masked.select(condition, x8, y8), torch.where(column, x8, y8))
+    for pick in (True, False):
+        scalar = torch.tensor(pick, device=device)
+        assert_same(torch_masked.select(scalar, x, y), x if pick else y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_rows_of_a_slice(device):
+    # Long rows whose starts are only 4-byte aligned: rows of 997 of 1000 columns.
+    big_x = torch.randn(50, 1000, generator=gen(1)).to(device)
+    big_y = torch.randn(50, 1000, generator=gen(2)).to(device)
+    x, y = big_x[:, 3:], big_y[:, 3:]
+    condition = random_condition((50,), device)
+    assert_same(torch_masked.select(condition, x, y), torch.where(condition[:, None], x, y))
+    assert_same(torch_masked.where(condition[:, None], x, y[0]), torch.where(condition[:, None], x, y[0]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -372,11 +386,18 @@ def test_gradient_to_real_branch_of_complex_result(device):
 # ---------------------------------------------------------------- opcheck
 
 
-def where_samples(device, requires_grad):
+def sample_maker(device, requires_grad):
+    """t(shape, dtype, seed): a random sample input, requiring grad where it can."""
+
     def t(shape, dtype=torch.float32, seed=1):
         value = make_tensor(shape, dtype, device, generator=gen(seed))
         return value.requires_grad_(requires_grad and (dtype.is_floating_point or dtype.is_complex))
 
+    return t
+
+
+def where_samples(device, requires_grad):
+    t = sample_maker(device, requires_grad)
     yield random_condition((4, 5), device), t((4, 5)), t((4, 5), seed=2)
     yield random_condition((3, 1), device), t((3, 4), torch.float64), t((4,))
     yield random_condition((), device), t(()), t((2, 3))
@@ -386,10 +407,7 @@ def where_samples(device, requires_grad):
 
 
 def select_samples(device, requires_grad):
-    def t(shape, dtype=torch.float32, seed=1):
-        value = make_tensor(shape, dtype, device, generator=gen(seed))
-        return value.requires_grad_(requires_grad and (dtype.is_floating_point or dtype.is_complex))
-
+    t = sample_maker(device, requires_grad)
     yield random_condition((4,), device), t((4, 3)), t((4, 3), seed=2)
     yield random_condition((4, 3), device), t((4, 3), torch.float64), t((4, 3))
     yield random_condition((), device), t((2, 5)), t((2, 5), seed=2)

@@ -8,6 +8,7 @@ kernels, autograd formulas and the front doors ``torch_masked.where`` and
 import numbers
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ._checks import check, check_same_device
 
@@ -27,20 +28,31 @@ def _check_dims(op, dims):
 
 
 def _broadcast_shape(condition, x, y):
-    """NumPy broadcasting, with csrc/element_select.h's message."""
+    """NumPy broadcasting, with csrc/element_select.h's message. An unbacked
+    size (from nonzero, boolean_mask) is taken as not 1, and its equality
+    becomes a deferred check, so that such shapes trace."""
+    message = (
+        f"expected condition, x and y to broadcast together, got condition {list(condition.shape)}, "
+        f"x {list(x.shape)}, y {list(y.shape)}"
+    )
     dims = max(condition.dim(), x.dim(), y.dim())
     shape = [1] * dims
     for t in (condition, x, y):
         for d, own in enumerate(t.shape):
             at = dims - t.dim() + d
-            check(
-                own == shape[at] or own == 1 or shape[at] == 1,
-                "where",
-                f"expected condition, x and y to broadcast together, got condition {list(condition.shape)}, "
-                f"x {list(x.shape)}, y {list(y.shape)}",
-            )
-            shape[at] = shape[at] if own == 1 else own
+            if guard_or_false(own == 1):
+                continue
+            if not guard_or_false(shape[at] == 1):
+                check(own == shape[at], "where", message)
+            shape[at] = own
     return shape
+
+
+def _check_shape(op, actual, expected, message):
+    """actual == expected, axis by axis, so that unbacked sizes trace."""
+    check(len(actual) == len(expected), op, message)
+    for a, e in zip(actual, expected):
+        check(a == e, op, message)
 
 
 @torch.library.register_fake("masked::where.self")
@@ -56,17 +68,17 @@ def _where_self_fake(condition, x, y):
 def _select_fake(condition, x, y):
     check_same_device("select", condition=condition, x=x, y=y)
     _check_condition_dtype("select", condition)
-    check(
-        x.shape == y.shape, "select", f"expected x and y of the same shape, got x {list(x.shape)} and y {list(y.shape)}"
+    _check_shape(
+        "select", y.shape, x.shape, f"expected x and y of the same shape, got x {list(x.shape)} and y {list(y.shape)}"
     )
-    elementwise = condition.dim() == 0 or condition.shape == x.shape
-    rows = x.dim() >= 1 and condition.dim() == 1 and condition.shape[0] == x.shape[0]
-    check(
-        elementwise or rows,
-        "select",
+    condition_message = (
         f"expected condition to be a scalar, of x's shape {list(x.shape)}, or 1-D of length x.shape[0], "
-        f"got condition of shape {list(condition.shape)}",
+        f"got condition of shape {list(condition.shape)}"
     )
+    if condition.dim() == 1 and x.dim() >= 1:  # rows (element-wise too, for a 1-D x)
+        check(condition.shape[0] == x.shape[0], "select", condition_message)
+    elif condition.dim() > 0:
+        _check_shape("select", condition.shape, x.shape, condition_message)
     _check_dims("select", x.dim())
     return x.new_empty(x.shape, dtype=torch.result_type(x, y))
 
