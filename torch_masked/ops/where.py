@@ -142,10 +142,6 @@ def _kind_of_dtype(dtype):
     return 2 if dtype.is_floating_point else 1
 
 
-# A complex number next to a floating tensor keeps the tensor's precision.
-_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
-
-
 def _kind_of_number(value):
     if isinstance(value, bool):
         return 0
@@ -154,12 +150,20 @@ def _kind_of_number(value):
     return 2 if isinstance(value, numbers.Real) else 3
 
 
+# A complex number next to a floating tensor keeps the tensor's precision.
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
 def _as_tensor(value, partner, device):
-    """`value` as a tensor on `device`. A Python number becomes a 0-d tensor
-    that promotes as torch.where's wrapped numbers do: it takes the dtype of a
-    tensor `partner` of the same or a higher kind, the complex type of a
-    floating partner's precision, else torch's default dtype for its kind. Anything else (nested lists, NumPy arrays) goes through
-    torch.as_tensor."""
+    """`value` as a tensor on `device`.
+
+    A Python number becomes a 0-d tensor that promotes as torch.where's
+    wrapped numbers do (a plain 0-d tensor of the default dtype would not:
+    ``where(c, half_0d, 2.0)`` would come out float32): it takes the dtype of
+    a tensor `partner` of the same or a higher kind, the complex type of a
+    floating partner's precision, else torch's default dtype for its kind.
+    Anything else (nested lists, NumPy arrays) goes through torch.as_tensor.
+    """
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, numbers.Number) and isinstance(partner, torch.Tensor):
@@ -171,6 +175,7 @@ def _as_tensor(value, partner, device):
 
 
 def _as_tensors(condition, x, y):
+    """All three as tensors, on the device of the first one given as a tensor."""
     device = next((t.device for t in (condition, x, y) if isinstance(t, torch.Tensor)), None)
     return _as_tensor(condition, None, device), _as_tensor(x, y, device), _as_tensor(y, x, device)
 
