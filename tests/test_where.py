@@ -438,7 +438,8 @@ def test_opcheck_index_mode(device):
 def training_loss(rows, condition, w, b, x):
     hidden = torch_masked.where(condition, x * w, b)  # broadcast b: [features]
     hidden = torch_masked.select(rows, hidden, torch.tanh(hidden))
-    return torch_masked.where(hidden > 0, hidden, 0.1 * hidden).square().sum()
+    weights = torch_masked.where(rows[:, None], 1.0, 0.5)  # Python scalars through the front door
+    return (torch_masked.where(hidden > 0, hidden, 0.1 * hidden).square() * weights).sum()
 
 
 @pytest.mark.parametrize("device", DEVICES)
