@@ -7,7 +7,6 @@
 #include "element_select.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -91,8 +90,8 @@ void copy_run(T* __restrict out, const T* src, int64_t stride, int64_t len) {
 template <typename Run>
 void walk_runs(const SelectGeometry& g, int64_t begin, int64_t end, const Run& run) {
   int64_t offsets[kNumSelectOperands];
-  c10::SmallVector<int64_t, kMaxSelectDims> coords(g.dims);
-  g.offsets_at(begin, offsets, coords.data());
+  int64_t coords[kMaxSelectDims];
+  g.offsets_at(begin, offsets, coords);
   for (int64_t i = begin; i < end;) {
     const int64_t len = std::min(end - i, g.sizes[0] - coords[0]);
     run(i, offsets, len);
