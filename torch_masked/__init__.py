@@ -20,9 +20,12 @@ except ImportError as error:
     ) from error
 from .ops.boolean_mask import boolean_mask
 from .ops.nonzero import nonzero, nonzero_static
+from .ops.where import select, where
 
 __all__ = [
     "boolean_mask",
     "nonzero",
     "nonzero_static",
+    "select",
+    "where",
 ]

@@ -1,0 +1,229 @@
+// CUDA kernels for masked::where.self and masked::select (csrc/element_select.h
+// prepares both). Three paths, by the merged geometry:
+//   - contiguous same shape: 16-byte vector loads and stores of x, y and the
+//     output, with the matching run of condition bytes;
+//   - rows (the condition fixed along the innermost axis, x and y unit-stride
+//     along it: select's rows, a [N, 1] condition, a scalar one): each row is
+//     copied whole from x or y in the widest units its alignment allows;
+//   - anything else: one output element per thread, offsets from the shared
+//     geometry.
+// All offsets are 64-bit.
+#include "element_select.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace torch_masked {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Vectors per thread per loop step in the contiguous kernel: more loads in flight.
+constexpr int kUnroll = 2;
+// Units per thread in one block's piece of a row.
+constexpr int64_t kRowUnitsPerThread = 8;
+// Rows shorter than this many bytes go through the element-wise kernel: a
+// block per row would leave most threads idle.
+constexpr int64_t kMinRowBytes = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 30;
+
+int blocks_for(int64_t items, int64_t items_per_block) {
+  return static_cast<int>(std::min(kMaxBlocks, std::max<int64_t>(1, (items + items_per_block - 1) / items_per_block)));
+}
+
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Vector {
+  T v[kVec];
+};
+
+template <int kVec>
+struct alignas(kVec) ConditionVector {
+  uint8_t b[kVec];
+};
+
+template <typename T>
+__global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, const T* __restrict__ x,
+                                        const T* __restrict__ y, T* __restrict__ out, int64_t n) {
+  constexpr int kVec = 16 / sizeof(T);
+  using V = Vector<T, kVec>;
+  using C = ConditionVector<kVec>;
+  const int64_t vectors = n / kVec;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t base = tid; base < vectors; base += threads * kUnroll) {
+    C c[kUnroll];
+    V a[kUnroll];
+    V b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = base + u * threads;
+      if (v < vectors) {
+        c[u] = reinterpret_cast<const C*>(condition)[v];
+        a[u] = reinterpret_cast<const V*>(x)[v];
+        b[u] = reinterpret_cast<const V*>(y)[v];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = base + u * threads;
+      if (v < vectors) {
+        V o;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          o.v[k] = c[u].b[k] ? a[u].v[k] : b[u].v[k];
+        }
+        reinterpret_cast<V*>(out)[v] = o;
+      }
+    }
+  }
+  // The last n % kVec elements.
+  for (int64_t i = vectors * kVec + tid; i < n; i += threads) {
+    out[i] = condition[i] ? x[i] : y[i];
+  }
+}
+
+// Copies each innermost run (row) of the output from x or y as condition
+// element of the row says. Work items are (row, piece) pairs, so that a few
+// long rows still spread over many blocks. Offsets are in elements of
+// `element_size` bytes; rows move in units U.
+template <typename U>
+__global__ void select_rows_kernel(SelectGeometry g, int64_t element_size, const uint8_t* __restrict__ condition,
+                                   const char* __restrict__ x, const char* __restrict__ y, char* __restrict__ out,
+                                   int64_t rows) {
+  const int64_t row_len = g.sizes[0];
+  const int64_t row_units = row_len * element_size / static_cast<int64_t>(sizeof(U));
+  const int64_t piece_units = kRowUnitsPerThread * blockDim.x;
+  const int64_t pieces = (row_units + piece_units - 1) / piece_units;
+  for (int64_t item = blockIdx.x; item < rows * pieces; item += gridDim.x) {
+    const int64_t row = item / pieces;
+    const int64_t first = (item % pieces) * piece_units;
+    const int64_t last = first + piece_units < row_units ? first + piece_units : row_units;
+    int64_t offsets[kNumSelectOperands];
+    g.offsets_at(row * row_len, offsets);
+    const bool pick_x = condition[offsets[kCondition]] != 0;
+    const U* src = reinterpret_cast<const U*>(pick_x ? x + offsets[kX] * element_size : y + offsets[kY] * element_size);
+    U* dst = reinterpret_cast<U*>(out + row * row_len * element_size);
+    for (int64_t u = first + threadIdx.x; u < last; u += blockDim.x) {
+      dst[u] = src[u];
+    }
+  }
+}
+
+template <typename T>
+__global__ void where_strided_kernel(SelectGeometry g, const uint8_t* __restrict__ condition,
+                                     const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ out,
+                                     int64_t n) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += threads) {
+    int64_t offsets[kNumSelectOperands];
+    g.offsets_at(i, offsets);
+    out[i] = condition[offsets[kCondition]] ? x[offsets[kX]] : y[offsets[kY]];
+  }
+}
+
+bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// The widest power of two, at most 16, dividing every value.
+int64_t common_alignment(std::initializer_list<int64_t> values) {
+  int64_t alignment = 16;
+  for (const int64_t v : values) {
+    while (v % alignment != 0) {
+      alignment /= 2;
+    }
+  }
+  return alignment;
+}
+
+// Rows are picked whole when the condition holds still along the innermost
+// axis and x and y are unit-stride along it. Returns the unit (bytes) to copy
+// rows in, or 0 when the row kernel does not apply.
+int64_t row_unit_bytes(const Selection& s) {
+  const SelectGeometry& g = s.geometry;
+  const int64_t element_size = s.out.element_size();
+  const int64_t row_bytes = g.sizes[0] * element_size;
+  if (g.strides[kCondition][0] != 0 || g.strides[kX][0] != 1 || g.strides[kY][0] != 1 ||
+      (row_bytes < kMinRowBytes && g.dims > 1)) {
+    return 0;
+  }
+  int64_t alignment = common_alignment({row_bytes, reinterpret_cast<int64_t>(s.x.const_data_ptr()),
+                                        reinterpret_cast<int64_t>(s.y.const_data_ptr()),
+                                        reinterpret_cast<int64_t>(s.out.const_data_ptr())});
+  for (int d = 1; d < g.dims; ++d) {
+    alignment = std::min(alignment,
+                         common_alignment({g.strides[kX][d] * element_size, g.strides[kY][d] * element_size}));
+  }
+  return alignment;
+}
+
+template <typename T>
+void launch_selection(const Selection& s, cudaStream_t stream) {
+  const SelectGeometry& g = s.geometry;
+  const int64_t n = s.out.numel();
+  const uint8_t* c = static_cast<const uint8_t*>(s.condition.const_data_ptr());
+  const T* x = static_cast<const T*>(s.x.const_data_ptr());
+  const T* y = static_cast<const T*>(s.y.const_data_ptr());
+  T* out = static_cast<T*>(s.out.mutable_data_ptr());
+
+  constexpr int64_t kVec = 16 / sizeof(T);
+  const bool flat = g.dims == 1 && g.strides[kCondition][0] == 1 && g.strides[kX][0] == 1 && g.strides[kY][0] == 1;
+  if (flat && aligned(c, kVec) && aligned(x, 16) && aligned(y, 16) && aligned(out, 16)) {
+    const int blocks = blocks_for(std::max<int64_t>(n / kVec, 1), kThreads * kUnroll);
+    where_contiguous_kernel<T><<<blocks, kThreads, 0, stream>>>(c, x, y, out, n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t unit = row_unit_bytes(s);
+  if (unit > 0) {
+    const int64_t rows = n / g.sizes[0];
+    const int64_t row_units = g.sizes[0] * static_cast<int64_t>(sizeof(T)) / unit;
+    const int64_t pieces = (row_units + kRowUnitsPerThread * kThreads - 1) / (kRowUnitsPerThread * kThreads);
+    const int blocks = blocks_for(rows * pieces, 1);
+    dispatch_by_element_size("select", unit, [&](auto unit_tag) {
+      using U = decltype(unit_tag);
+      select_rows_kernel<U><<<blocks, kThreads, 0, stream>>>(
+          g, sizeof(T), c, reinterpret_cast<const char*>(x), reinterpret_cast<const char*>(y),
+          reinterpret_cast<char*>(out), rows);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  where_strided_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(g, c, x, y, out, n);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor selected(const Selection& s) {
+  if (s.out.numel() == 0) {
+    return s.out;
+  }
+  const c10::cuda::CUDAGuard guard(s.out.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // Selection only moves bits: one instantiation per element size.
+  dispatch_by_element_size("where", s.out.element_size(),
+                           [&](auto tag) { launch_selection<decltype(tag)>(s, stream); });
+  return s.out;
+}
+
+at::Tensor where_self_cuda(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
+  return selected(prepare_where(condition, x, y));
+}
+
+at::Tensor select_cuda(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
+  return selected(prepare_select(condition, x, y));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, CUDA, m) {
+  m.impl("where.self", &where_self_cuda);
+  m.impl("select", &select_cuda);
+}
+
+}  // namespace cuda
+}  // namespace torch_masked

@@ -1,0 +1,465 @@
+"""masked::where (index mode), masked::where.self and masked::select against
+torch.nonzero, torch.where, hand-worked row selections and the examples of
+the tf.where and Select (Where3) reference pages."""
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch._library import simple_registry
+
+import torch_masked
+from tests.common import ALL_DTYPES, DEVICES, make_tensor, non_contiguous
+
+# where(condition) is a composite of masked::nonzero: its fake-tensor checks
+# need nonzero's fake kernel.
+NONZERO_HAS_FAKE = simple_registry.singleton.find("masked::nonzero").fake_impl.kernel is not None
+needs_nonzero_fake = pytest.mark.skipif(not NONZERO_HAS_FAKE, reason="masked::nonzero has no fake kernel yet")
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def random_condition(shape, device, seed=0):
+    return (torch.rand(shape, generator=gen(seed)) < 0.5).to(device)
+
+
+def assert_same(actual, expected):
+    assert actual.dtype == expected.dtype
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+# ---------------------------------------------------------------- index mode
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (3, 0, 2), (4, 5), (2, 3, 4)])
+def test_where_index_mode_matches_nonzero(device, dtype, shape):
+    condition = make_tensor(shape, dtype, device, generator=gen())
+    expected = torch.nonzero(condition)
+    assert_same(torch_masked.where(condition), expected)
+    assert_same(torch.ops.masked.where(condition), expected)
+    assert_same(torch_masked.where(non_contiguous(condition)), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_where_index_mode_reference_page(device):
+    def index(condition):
+        return torch_masked.where(torch.tensor(condition, device=device)).cpu().tolist()
+
+    assert index([True, False, False, True]) == [[0], [3]]
+    assert index([[1, 0, 0], [1, 0, 1]]) == [[0, 0], [1, 0], [1, 2]]
+    float_tensor = [[[0.1, 0], [0, 2.2], [3.5, 1e6]], [[0, 0], [0, 0], [99, 0]]]
+    assert index(float_tensor) == [[0, 0, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 2, 0]]
+    assert index([complex(0.0), complex(1.0), 0 + 1j, 1 + 1j]) == [[1], [2], [3]]
+    # A list goes through the front door as it is.
+    assert torch_masked.where([True, False, True]).tolist() == [[0], [2]]
+
+
+# ---------------------------------------------------------------- where.self values
+
+BROADCASTS = [
+    # (condition, x, y)
+    ((5,), (5,), (5,)),
+    ((), (), ()),
+    ((), (2, 3), ()),
+    ((2, 3), (), (2, 3)),
+    ((3,), (3, 3), (3, 1)),
+    ((3, 1), (3, 4), (4,)),
+    ((2, 1, 3), (4, 1), (1, 3)),
+    ((1,), (2, 1, 1, 3), (5, 1)),
+    ((0,), (3, 1), (1,)),
+    ((2, 0), (2, 1), ()),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
+def test_where_broadcast_matches_torch(device, shapes):
+    c_shape, x_shape, y_shape = shapes
+    condition = random_condition(c_shape, device)
+    x = make_tensor(x_shape, torch.float32, device, generator=gen(1))
+    y = make_tensor(y_shape, torch.float32, device, generator=gen(2))
+    expected = torch.where(condition, x, y)
+    assert_same(torch_masked.where(condition, x, y), expected)
+    assert torch_masked.where(condition, x, y).is_contiguous()
+    assert_same(
+        torch_masked.where(non_contiguous(condition), non_contiguous(x), non_contiguous(y)), expected
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_where_every_dtype(device, dtype):
+    # Same shape (the flat path) and broadcast (the strided paths), both
+    # long enough to be cut into several parallel chunks.
+    for c_shape, x_shape, y_shape in [((70001,), (70001,), (70001,)), ((301, 1), (301, 257), (257,))]:
+        condition = random_condition(c_shape, device)
+        x = make_tensor(x_shape, dtype, device, generator=gen(1))
+        y = make_tensor(y_shape, dtype, device, generator=gen(2))
+        assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "layout",
+    ["transposed", "sliced", "expanded", "misaligned"],
+)
+def test_where_strided_inputs(device, layout):
+    condition = random_condition((64, 48), device)
+    x = torch.randn(64, 48, generator=gen(1)).to(device)
+    y = torch.randn(64, 48, generator=gen(2)).to(device)
+    if layout == "transposed":
+        condition, x, y = condition.t(), x.t(), y.t()
+    elif layout == "sliced":
+        condition, x, y = condition[::2, 1::3], x[::2, 1::3], y[::2, 1::3]
+    elif layout == "expanded":
+        x = x[:1].expand(64, 48)
+    else:  # one element in: no vector alignment
+        condition, x, y = condition.flatten()[1:], x.flatten()[1:], y.flatten()[1:]
+    assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
+
+
+PROMOTIONS = [
+    (torch.float32, torch.float64),
+    (torch.int32, torch.float16),
+    (torch.bool, torch.int8),
+    (torch.uint8, torch.int8),
+    (torch.bfloat16, torch.float16),
+    (torch.float64, torch.complex64),
+    (torch.int64, torch.complex128),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", PROMOTIONS, ids=str)
+def test_where_promotes_like_torch(device, dtypes):
+    condition = random_condition((4, 5), device)
+    x = make_tensor((4, 5), dtypes[0], device, generator=gen(1))
+    y = make_tensor((5,), dtypes[1], device, generator=gen(2))
+    assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
+    assert_same(torch_masked.where(condition, y, x), torch.where(condition, y, x))
+    # A 0-d tensor does not out-promote a dimensioned one of its kind.
+    zero_d = make_tensor((), dtypes[1], device, generator=gen(3))
+    assert_same(torch_masked.where(condition, x, zero_d), torch.where(condition, x, zero_d))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.int64, torch.float16, torch.float64, torch.complex64])
+@pytest.mark.parametrize("scalar", [True, 3, -2.5, 1 + 2j])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_where_python_scalar_promotes_like_torch(device, dtype, scalar, rank):
+    condition = random_condition((3,), device)
+    x = make_tensor((3,) if rank else (), dtype, device, generator=gen(1))
+    assert_same(torch_masked.where(condition, x, scalar), torch.where(condition, x, scalar))
+    assert_same(torch_masked.where(condition, scalar, x), torch.where(condition, scalar, x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_where_scalars_only(device):
+    condition = random_condition((4,), device)
+    for x, y in [(1, 100), (1.5, 2), (True, False), (2, 0.5j)]:
+        assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
+    assert torch_masked.where(condition, 1, 2).device == condition.device
+
+
+def test_where_reference_page_selection():
+    # TensorFlow makes int32 from Python ints; we make int64, as torch.tensor does.
+    def select(condition, x, y):
+        return torch_masked.where(condition, x, y).tolist()
+
+    assert select([True, False, False, True], [1, 2, 3, 4], [100, 200, 300, 400]) == [1, 200, 300, 4]
+    assert select([True, False, False, True], [1, 2, 3, 4], [100]) == [1, 100, 100, 4]
+    assert select([[True, False], [False, True]], [[1, 2], [3, 4]], 100) == [[1, 100], [100, 4]]
+    assert select([[True, False], [False, True]], 1, 100) == [[1, 100], [100, 1]]
+    assert select(True, [1, 2, 3, 4], 100) == [1, 2, 3, 4]
+    assert select(False, [1, 2, 3, 4], 100) == [100, 100, 100, 100]
+    x = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    y = [[100], [200], [300]]
+    assert torch_masked.where([True, False, True], x=x, y=y).tolist() == [[1, 100, 3], [4, 200, 6], [7, 300, 9]]
+
+
+def test_where_numpy_agrees():
+    condition = random_condition((6, 1, 5), "cpu")
+    x = torch.randn(4, 5, generator=gen(1), dtype=torch.float64)
+    y = torch.randn(6, 4, 1, generator=gen(2), dtype=torch.float64)
+    expected = np.where(condition.numpy(), x.numpy(), y.numpy())
+    np.testing.assert_array_equal(torch_masked.where(condition, x, y).numpy(), expected)
+
+
+# ---------------------------------------------------------------- select values
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_reference_page(device):
+    t = torch.tensor([[1, 2], [3, 4]], device=device)
+    e = torch.tensor([[5, 6], [7, 8]], device=device)
+    elementwise = torch.tensor([[True, False], [False, True]], device=device)
+    assert torch_masked.select(elementwise, t, e).tolist() == [[1, 6], [7, 4]]
+    rows = torch.tensor([True, False], device=device)
+    assert torch_masked.select(rows, t, e).tolist() == [[1, 2], [7, 8]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_select_rows_hand_worked(device, dtype):
+    x = make_tensor((5, 3, 4), dtype, device, generator=gen(1))
+    y = make_tensor((5, 3, 4), dtype, device, generator=gen(2))
+    rows = torch.tensor([True, False, False, True, False], device=device)
+    expected = torch.stack([x[0], y[1], y[2], x[3], y[4]])
+    assert_same(torch_masked.select(rows, x, y), expected)
+    assert_same(torch_masked.select(non_contiguous(rows), non_contiguous(x), non_contiguous(y)), expected)
+    # A scalar condition picks all of one side; a full-shape one is element-wise.
+    assert_same(torch_masked.select(torch.tensor(True, device=device), x, y), x)
+    assert_same(torch_masked.select(torch.tensor(False, device=device), x, y), y)
+    elementwise = random_condition((5, 3, 4), device)
+    assert_same(torch_masked.select(elementwise, x, y), torch.where(elementwise, x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "shape", [(0,), (0, 3), (4, 0), (1,), (9,), (3000, 17), (40, 3, 700)], ids=str
+)
+def test_select_rows_shapes(device, shape):
+    condition = random_condition(shape[:1], device)
+    x = make_tensor(shape, torch.float32, device, generator=gen(1))
+    y = make_tensor(shape, torch.float32, device, generator=gen(2))
+    column = condition.reshape((-1,) + (1,) * (len(shape) - 1))
+    assert_same(torch_masked.select(condition, x, y), torch.where(column, x, y))
+    # Rows that start off the 16-byte grid (odd row lengths of bytes).
+    x8, y8 = x.to(torch.uint8), y.to(torch.int8).view(torch.uint8)
+    assert_same(torch_masked.select(condition, x8, y8), torch.where(column, x8, y8))
+    for pick in (True, False):
+        scalar = torch.tensor(pick, device=device)
+        assert_same(torch_masked.select(scalar, x, y), x if pick else y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_rows_of_a_slice(device):
+    # Long rows whose starts are only 4-byte aligned: rows of 997 of 1000 columns.
+    big_x = torch.randn(50, 1000, generator=gen(1)).to(device)
+    big_y = torch.randn(50, 1000, generator=gen(2)).to(device)
+    x, y = big_x[:, 3:], big_y[:, 3:]
+    condition = random_condition((50,), device)
+    assert_same(torch_masked.select(condition, x, y), torch.where(condition[:, None], x, y))
+    assert_same(torch_masked.where(condition[:, None], x, y[0]), torch.where(condition[:, None], x, y[0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_scalars_and_promotion(device):
+    assert_same(torch_masked.select(True, 1.5, 2.5), torch.tensor(1.5))
+    condition = torch.tensor([True, False], device=device)
+    x = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32, device=device)
+    y = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64, device=device)
+    assert_same(torch_masked.select(condition, x, y), torch.tensor([[1.0, 2.0], [0.5, 0.5]], dtype=torch.float64, device=device))
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors(device):
+    c = torch.tensor([True, False], device=device)
+    x = torch.ones(2, device=device)
+    with pytest.raises(TypeError, match=r"where: expected condition of dtype torch.bool, got torch.float32"):
+        torch_masked.where(x, x, x)
+    with pytest.raises(TypeError, match=r"where: expected condition of dtype torch.bool, got torch.uint8"):
+        torch_masked.where(c.to(torch.uint8), x, x)
+    with pytest.raises(ValueError, match=r"where: expected both x and y or neither, got only x"):
+        torch_masked.where(c, x)
+    with pytest.raises(ValueError, match=r"where: expected both x and y or neither, got only y"):
+        torch_masked.where(c, y=x)
+    with pytest.raises(RuntimeError, match=r"where: expected condition, x and y to broadcast together, "
+                                           r"got condition \[2\], x \[3\], y \[2\]"):
+        torch_masked.where(c, torch.ones(3, device=device), x)
+    too_deep = torch.ones([1] * 26, dtype=torch.bool, device=device)
+    with pytest.raises(RuntimeError, match=r"where: expected at most 25 dimensions, got 26"):
+        torch_masked.where(too_deep, x, x)
+    with pytest.raises(TypeError, match=r"select: expected condition of dtype torch.bool, got torch.int64"):
+        torch_masked.select(torch.tensor([1, 0], device=device), x, x)
+    with pytest.raises(RuntimeError, match=r"select: expected x and y of the same shape, got x \[2\] and y \[1\]"):
+        torch_masked.select(c, x, torch.ones(1, device=device))
+    m = torch.ones(2, 3, device=device)
+    with pytest.raises(RuntimeError, match=r"select: expected condition to be a scalar, of x's shape \[2, 3\], "
+                                           r"or 1-D of length x.shape\[0\], got condition of shape \[3\]"):
+        torch_masked.select(torch.ones(3, dtype=torch.bool, device=device), m, m)
+    with pytest.raises(RuntimeError, match=r"got condition of shape \[2, 1\]"):
+        torch_masked.select(torch.ones(2, 1, dtype=torch.bool, device=device), m, m)
+    with pytest.raises(RuntimeError, match=r"got condition of shape \[1\]"):
+        torch_masked.select(torch.ones(1, dtype=torch.bool, device=device), torch.tensor(1.0), torch.tensor(2.0))
+
+
+@pytest.mark.cuda
+def test_errors_across_devices():
+    c = torch.tensor([True, False])
+    x = torch.ones(2, device="cuda")
+    with pytest.raises(RuntimeError, match=r"where: expected all tensors on one device, got condition on cpu, "
+                                           r"x on cuda:0, y on cuda:0"):
+        torch_masked.where(c, x, x)
+    with pytest.raises(RuntimeError, match=r"select: expected all tensors on one device"):
+        torch_masked.select(c, x, x)
+
+
+def test_fake_errors_match():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        c = torch.empty(2, dtype=torch.bool)
+        with pytest.raises(TypeError, match=r"where: expected condition of dtype torch.bool, got torch.float32"):
+            torch.ops.masked.where.self(torch.empty(2), torch.empty(2), torch.empty(2))
+        with pytest.raises(RuntimeError, match=r"where: expected condition, x and y to broadcast together, "
+                                               r"got condition \[2\], x \[3\], y \[2\]"):
+            torch.ops.masked.where.self(c, torch.empty(3), torch.empty(2))
+        with pytest.raises(RuntimeError, match=r"select: expected x and y of the same shape, got x \[2\] and y \[1\]"):
+            torch.ops.masked.select(c, torch.empty(2), torch.empty(1))
+        with pytest.raises(RuntimeError, match=r"select: expected condition to be a scalar, of x's shape \[3, 2\]"):
+            torch.ops.masked.select(c, torch.empty(3, 2), torch.empty(3, 2))
+        out = torch.ops.masked.where.self(c, torch.empty(3, 1, dtype=torch.int32), torch.empty((), dtype=torch.float16))
+        assert out.shape == (3, 2) and out.dtype == torch.float16
+
+
+# ---------------------------------------------------------------- autograd
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shapes", [((3, 1), (3, 4), (4,)), ((), (2, 3), ()), ((2, 3), (2, 3), (2, 3))], ids=str)
+def test_where_gradcheck(device, shapes):
+    c_shape, x_shape, y_shape = shapes
+    condition = random_condition(c_shape, device)
+    x = torch.randn(x_shape, dtype=torch.float64, generator=gen(1)).to(device).requires_grad_()
+    y = torch.randn(y_shape, dtype=torch.float64, generator=gen(2)).to(device).requires_grad_()
+    fn = lambda x, y: torch.ops.masked.where.self(condition, x, y)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, y))
+    assert torch.autograd.gradgradcheck(fn, (x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("c_shape", [(), (4,), (4, 3)], ids=str)
+def test_select_gradcheck(device, c_shape):
+    condition = random_condition(c_shape, device)
+    x = torch.randn(4, 3, dtype=torch.float64, generator=gen(1)).to(device).requires_grad_()
+    y = torch.randn(4, 3, dtype=torch.float64, generator=gen(2)).to(device).requires_grad_()
+    fn = lambda x, y: torch.ops.masked.select(condition, x, y)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, y))
+    assert torch.autograd.gradgradcheck(fn, (x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_values_no_leak(device):
+    condition = torch.tensor([[True], [False]], device=device)
+    x = torch.ones(2, 3, device=device, requires_grad=True)
+    y = torch.ones(3, dtype=torch.float64, device=device, requires_grad=True)
+    out = torch_masked.where(condition, x, y)
+    grad = torch.tensor([[float("nan"), float("inf"), 1.0], [2.0, -float("inf"), float("nan")]],
+                        dtype=torch.float64, device=device)
+    gx, gy = torch.autograd.grad(out, (x, y), grad)
+    assert gx.dtype == torch.float32 and gx.shape == (2, 3)
+    assert gy.dtype == torch.float64 and gy.shape == (3,)
+    assert torch.equal(gx[1], torch.zeros(3, device=device))  # exact zeros, no NaN
+    assert torch.equal(gx[0, 2:], torch.ones(1, device=device))
+    assert torch.isnan(gx[0, 0]) and torch.isinf(gx[0, 1])
+    assert gy[0] == 2.0 and gy[1] == -float("inf") and torch.isnan(gy[2])
+
+    rows = torch.tensor([True, False], device=device)
+    xs = torch.ones(2, 2, device=device, requires_grad=True)
+    ys = torch.ones(2, 2, device=device, requires_grad=True)
+    nan_grad = torch.full((2, 2), float("nan"), device=device)
+    gxs, gys = torch.autograd.grad(torch_masked.select(rows, xs, ys), (xs, ys), nan_grad)
+    assert torch.equal(gxs[1], torch.zeros(2, device=device)) and torch.isnan(gxs[0]).all()
+    assert torch.equal(gys[0], torch.zeros(2, device=device)) and torch.isnan(gys[1]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_to_real_branch_of_complex_result(device):
+    condition = torch.tensor([True, False], device=device)
+    x = torch.ones(2, dtype=torch.float64, device=device, requires_grad=True)
+    y = torch.ones(2, dtype=torch.complex128, device=device, requires_grad=True)
+    out = torch_masked.where(condition, x, y)
+    assert out.dtype == torch.complex128
+    out.abs().sum().backward()
+    assert x.grad.dtype == torch.float64 and y.grad.dtype == torch.complex128
+    assert x.grad.tolist() == [1.0, 0.0]
+
+
+# ---------------------------------------------------------------- opcheck
+
+
+def sample_maker(device, requires_grad):
+    """t(shape, dtype, seed): a random sample input, requiring grad where it can."""
+
+    def t(shape, dtype=torch.float32, seed=1):
+        value = make_tensor(shape, dtype, device, generator=gen(seed))
+        return value.requires_grad_(requires_grad and (dtype.is_floating_point or dtype.is_complex))
+
+    return t
+
+
+def where_samples(device, requires_grad):
+    t = sample_maker(device, requires_grad)
+    yield random_condition((4, 5), device), t((4, 5)), t((4, 5), seed=2)
+    yield random_condition((3, 1), device), t((3, 4), torch.float64), t((4,))
+    yield random_condition((), device), t(()), t((2, 3))
+    yield random_condition((2, 3), device), t((2, 3), torch.int32), t((3,), torch.float16)
+    yield random_condition((0, 2), device), t((2,)), t((0, 1))
+    yield non_contiguous(random_condition((5, 6), device)), non_contiguous(t((5, 6))), t((6,), torch.complex64)
+
+
+def select_samples(device, requires_grad):
+    t = sample_maker(device, requires_grad)
+    yield random_condition((4,), device), t((4, 3)), t((4, 3), seed=2)
+    yield random_condition((4, 3), device), t((4, 3), torch.float64), t((4, 3))
+    yield random_condition((), device), t((2, 5)), t((2, 5), seed=2)
+    yield random_condition((), device), t(()), t((), torch.int64)
+    yield random_condition((0,), device), t((0, 2)), t((0, 2))
+    yield non_contiguous(random_condition((6,), device)), non_contiguous(t((6, 2))), t((6, 2), torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(device, requires_grad):
+    for args in where_samples(device, requires_grad):
+        torch.library.opcheck(torch.ops.masked.where.self, args)
+    for args in select_samples(device, requires_grad):
+        torch.library.opcheck(torch.ops.masked.select, args)
+
+
+@needs_nonzero_fake
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_index_mode(device):
+    for dtype in (torch.bool, torch.float32, torch.complex64):
+        torch.library.opcheck(torch.ops.masked.where.default, (make_tensor((4, 5), dtype, device, generator=gen()),))
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def training_loss(rows, condition, w, b, x):
+    hidden = torch_masked.where(condition, x * w, b)  # broadcast b: [features]
+    hidden = torch_masked.select(rows, hidden, torch.tanh(hidden))
+    weights = torch_masked.where(rows[:, None], 1.0, 0.5)  # Python scalars through the front door
+    return (torch_masked.where(hidden > 0, hidden, 0.1 * hidden).square() * weights).sum()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_training_step(device, dynamic):
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(training_loss, fullgraph=True, dynamic=dynamic)
+    # Static shapes: one batch (one graph); dynamic: a second batch must reuse it.
+    for batch in (6, 9) if dynamic else (6,):
+        rows = random_condition((batch,), device, seed=batch)
+        condition = random_condition((batch, 1), device, seed=batch + 1)
+        x = torch.randn(batch, 5, generator=gen(batch)).to(device)
+        grads = []
+        for fn in (training_loss, compiled):
+            w = torch.randn(5, generator=gen(7)).to(device).requires_grad_()
+            b = torch.randn(5, generator=gen(8)).to(device).requires_grad_()
+            loss = fn(rows, condition, w, b, x)
+            loss.backward()
+            grads.append((loss.detach(), w.grad, b.grad))
+        for eager, compiled_value in zip(*grads):
+            torch.testing.assert_close(compiled_value, eager)
+    assert counters["stats"]["unique_graphs"] == 1

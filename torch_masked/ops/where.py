@@ -1,0 +1,204 @@
+"""masked::where (index mode), masked::where.self and masked::select: fake
+kernels, autograd formulas and the front doors ``torch_masked.where`` and
+``torch_masked.select``.
+
+``where(condition)`` is a composite of ``masked::nonzero`` registered in C++
+(csrc/where.cpp), so it has no fake kernel or formula of its own here.
+"""
+import numbers
+
+import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from ._checks import check, check_same_device
+
+# csrc/element_select.h: kMaxSelectDims.
+MAX_SELECT_DIMS = 25
+
+
+def _check_condition_dtype(op, condition):
+    torch._check_type(
+        condition.dtype == torch.bool,
+        lambda: f"{op}: expected condition of dtype torch.bool, got {condition.dtype}",
+    )
+
+
+def _check_dims(op, dims):
+    check(dims <= MAX_SELECT_DIMS, op, f"expected at most {MAX_SELECT_DIMS} dimensions, got {dims}")
+
+
+def _broadcast_shape(condition, x, y):
+    """NumPy broadcasting, with csrc/element_select.h's message. An unbacked
+    size (from nonzero, boolean_mask) is taken as not 1, and its equality
+    becomes a deferred check, so that such shapes trace."""
+    message = (
+        f"expected condition, x and y to broadcast together, got condition {list(condition.shape)}, "
+        f"x {list(x.shape)}, y {list(y.shape)}"
+    )
+    dims = max(condition.dim(), x.dim(), y.dim())
+    shape = [1] * dims
+    for t in (condition, x, y):
+        for d, own in enumerate(t.shape):
+            at = dims - t.dim() + d
+            if guard_or_false(own == 1):
+                continue
+            if not guard_or_false(shape[at] == 1):
+                check(own == shape[at], "where", message)
+            shape[at] = own
+    return shape
+
+
+def _check_shape(op, actual, expected, message):
+    """actual == expected, axis by axis, so that unbacked sizes trace."""
+    check(len(actual) == len(expected), op, message)
+    for a, e in zip(actual, expected):
+        check(a == e, op, message)
+
+
+@torch.library.register_fake("masked::where.self")
+def _where_self_fake(condition, x, y):
+    check_same_device("where", condition=condition, x=x, y=y)
+    _check_condition_dtype("where", condition)
+    shape = _broadcast_shape(condition, x, y)
+    _check_dims("where", len(shape))
+    return x.new_empty(shape, dtype=torch.result_type(x, y))
+
+
+@torch.library.register_fake("masked::select")
+def _select_fake(condition, x, y):
+    check_same_device("select", condition=condition, x=x, y=y)
+    _check_condition_dtype("select", condition)
+    _check_shape(
+        "select", y.shape, x.shape, f"expected x and y of the same shape, got x {list(x.shape)} and y {list(y.shape)}"
+    )
+    condition_message = (
+        f"expected condition to be a scalar, of x's shape {list(x.shape)}, or 1-D of length x.shape[0], "
+        f"got condition of shape {list(condition.shape)}"
+    )
+    if condition.dim() == 1 and x.dim() >= 1:  # rows (element-wise too, for a 1-D x)
+        check(condition.shape[0] == x.shape[0], "select", condition_message)
+    elif condition.dim() > 0:
+        _check_shape("select", condition.shape, x.shape, condition_message)
+    _check_dims("select", x.dim())
+    return x.new_empty(x.shape, dtype=torch.result_type(x, y))
+
+
+# Autograd. The gradient of a selection is the same selection of the upstream
+# gradient against zero: each branch gets the gradient where it was chosen and
+# an exact zero elsewhere (so a NaN or inf never leaks across), summed back to
+# the branch's own shape and cast to its own dtype. Built from our own ops, so
+# double backward and compiled backward work.
+
+
+def _setup_context(ctx, inputs, output):
+    condition, x, y = inputs
+    ctx.save_for_backward(condition)
+    ctx.branches = [(x.shape, x.dtype), (y.shape, y.dtype)]
+
+
+def _to_branch(grad, shape, dtype):
+    if grad.is_complex() and not dtype.is_complex:
+        grad = torch.real(grad)
+    return grad.sum_to_size(shape).to(dtype)
+
+
+def _where_self_backward(ctx, grad):
+    (condition,) = ctx.saved_tensors
+    (x_shape, x_dtype), (y_shape, y_dtype) = ctx.branches
+    zero = grad.new_zeros(())
+    grad_x = grad_y = None
+    if ctx.needs_input_grad[1]:
+        grad_x = _to_branch(torch.ops.masked.where.self(condition, grad, zero), x_shape, x_dtype)
+    if ctx.needs_input_grad[2]:
+        grad_y = _to_branch(torch.ops.masked.where.self(condition, zero, grad), y_shape, y_dtype)
+    return None, grad_x, grad_y
+
+
+def _select_backward(ctx, grad):
+    (condition,) = ctx.saved_tensors
+    (x_shape, x_dtype), (y_shape, y_dtype) = ctx.branches
+    # select takes no broadcast branch: the zeros have the gradient's shape.
+    zeros = torch.zeros_like(grad)
+    grad_x = grad_y = None
+    if ctx.needs_input_grad[1]:
+        grad_x = _to_branch(torch.ops.masked.select(condition, grad, zeros), x_shape, x_dtype)
+    if ctx.needs_input_grad[2]:
+        grad_y = _to_branch(torch.ops.masked.select(condition, zeros, grad), y_shape, y_dtype)
+    return None, grad_x, grad_y
+
+
+torch.library.register_autograd("masked::where.self", _where_self_backward, setup_context=_setup_context)
+torch.library.register_autograd("masked::select", _select_backward, setup_context=_setup_context)
+
+
+# Front doors.
+
+# Kinds in the order torch promotes them: bool < integer < floating < complex.
+def _kind_of_dtype(dtype):
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 1
+
+
+def _kind_of_number(value):
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, numbers.Integral):
+        return 1
+    return 2 if isinstance(value, numbers.Real) else 3
+
+
+# A complex number next to a floating tensor keeps the tensor's precision.
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
+def _as_tensor(value, partner, device):
+    """`value` as a tensor on `device`.
+
+    A Python number becomes a 0-d tensor that promotes as torch.where's
+    wrapped numbers do (a plain 0-d tensor of the default dtype would not:
+    ``where(c, half_0d, 2.0)`` would come out float32): it takes the dtype of
+    a tensor `partner` of the same or a higher kind, the complex type of a
+    floating partner's precision, else torch's default dtype for its kind.
+    Anything else (nested lists, NumPy arrays) goes through torch.as_tensor.
+    """
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, numbers.Number) and isinstance(partner, torch.Tensor):
+        if _kind_of_number(value) <= _kind_of_dtype(partner.dtype):
+            return torch.tensor(value, dtype=partner.dtype, device=device)
+        if _kind_of_number(value) == 3 and partner.dtype in _COMPLEX_OF:
+            return torch.tensor(value, dtype=_COMPLEX_OF[partner.dtype], device=device)
+    return torch.as_tensor(value, device=device)
+
+
+def _as_tensors(condition, x, y):
+    """All three as tensors, on the device of the first one given as a tensor."""
+    device = next((t.device for t in (condition, x, y) if isinstance(t, torch.Tensor)), None)
+    return _as_tensor(condition, None, device), _as_tensor(x, y, device), _as_tensor(y, x, device)
+
+
+def where(condition, x=None, y=None):
+    """``tf.where``. With only ``condition``: the ``[z, condition.dim()]``
+    int64 indices of its non-zero elements, in row-major order. With ``x`` and
+    ``y``: elements of ``x`` where the bool ``condition`` is true, else of
+    ``y``, all three broadcast together (NumPy rules), in the dtype
+    ``torch.result_type(x, y)``. Python numbers and nested lists are accepted
+    wherever a tensor is."""
+    if x is None and y is None:
+        if not isinstance(condition, torch.Tensor):
+            condition = torch.tensor(condition)
+        return torch.ops.masked.where.default(condition)
+    if x is None or y is None:
+        raise ValueError("where: expected both x and y or neither, got only " + ("x" if y is None else "y"))
+    return torch.ops.masked.where.self(*_as_tensors(condition, x, y))
+
+
+def select(condition, x, y):
+    """TensorFlow's ``Select``: ``x`` and ``y`` of one shape; ``condition`` a
+    bool scalar (all of ``x`` or all of ``y``), of ``x``'s shape (element by
+    element), or 1-D of length ``x.shape[0]`` (whole rows). No other
+    broadcasting. Python numbers and nested lists are accepted."""
+    return torch.ops.masked.select.default(*_as_tensors(condition, x, y))
