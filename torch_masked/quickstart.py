@@ -28,6 +28,33 @@ def tour(device):
     show("nonzero(5, as_tuple=True)", tm.nonzero(t(5), as_tuple=True))
     show("nonzero_static([0, 3, 0, 4], size=3)", tm.nonzero_static(t([0, 3, 0, 4]), size=3))
 
+    print("\nwhere, index mode (tf.where page)")
+    show("where([True, False, False, True])", tm.where(t([True, False, False, True])))
+    show("where([[1, 0, 0], [1, 0, 1]])", tm.where(t([[1, 0, 0], [1, 0, 1]])))
+    show("where([0j, 1+0j, 1j, 1+1j])", tm.where(t([0j, 1 + 0j, 1j, 1 + 1j])))
+
+    print("\nwhere, selecting with broadcasting (tf.where page)")
+    show("where([T, F, F, T], [1, 2, 3, 4], [100, 200, 300, 400])",
+         tm.where(t([True, False, False, True]), t([1, 2, 3, 4]), t([100, 200, 300, 400])))
+    show("where([T, F, F, T], [1, 2, 3, 4], [100])",
+         tm.where(t([True, False, False, True]), t([1, 2, 3, 4]), t([100])))
+    show("where([[T, F], [F, T]], 1, 100)", tm.where(t([[True, False], [False, True]]), 1, 100))
+    show("where(False, [1, 2, 3, 4], 100)", tm.where(t(False), t([1, 2, 3, 4]), 100))
+    show("where([T, F, T], x=[[1,2,3],[4,5,6],[7,8,9]], y=[[100],[200],[300]])",
+         tm.where(t([True, False, True]), t([[1, 2, 3], [4, 5, 6], [7, 8, 9]]), t([[100], [200], [300]])))
+
+    print("\nselect (TensorFlow's Select / Java Where3)")
+    te, ee = t([[1, 2], [3, 4]]), t([[5, 6], [7, 8]])
+    show("select([[T, F], [F, T]], [[1,2],[3,4]], [[5,6],[7,8]])", tm.select(t([[True, False], [False, True]]), te, ee))
+    show("select([T, F], [[1,2],[3,4]], [[5,6],[7,8]])  (whole rows)", tm.select(t([True, False]), te, ee))
+
+    print("\nboolean_mask (tf.boolean_mask page)")
+    show("boolean_mask([0, 1, 2, 3], [T, F, T, F])", tm.boolean_mask(t([0, 1, 2, 3]), t([True, False, True, False])))
+    show("boolean_mask([[1, 2], [3, 4], [5, 6]], [T, F, T])",
+         tm.boolean_mask(t([[1, 2], [3, 4], [5, 6]]), t([True, False, True])))
+    show("boolean_mask([[1, 2], [3, 4], [5, 6]], [F, T], axis=1)",
+         tm.boolean_mask(t([[1, 2], [3, 4], [5, 6]]), t([False, True]), axis=1))
+
 
 def time_ms(fn, device, reps=20):
     fn()
@@ -47,8 +74,15 @@ def speed(device):
     n = 10_000_000 if device == "cuda" else 1_000_000
     gen = torch.Generator().manual_seed(0)
     mask = (torch.rand(n, generator=gen) < 0.5).to(device)
+    x, y = torch.randn(n, generator=gen).to(device), torch.randn(n, generator=gen).to(device)
+    table = torch.randn(n // 64, 64, generator=gen).to(device)
+    rows_mask = mask[: n // 64]
     rows = [
         ("nonzero, bool", lambda: tm.nonzero(mask), lambda: torch.nonzero(mask), "torch.nonzero"),
+        ("where(c, x, y), float32", lambda: tm.where(mask, x, y), lambda: torch.where(mask, x, y), "torch.where"),
+        ("boolean_mask, 1-D float32", lambda: tm.boolean_mask(x, mask), lambda: x[mask], "x[mask]"),
+        ("boolean_mask, rows of [N, 64]", lambda: tm.boolean_mask(table, rows_mask), lambda: table[rows_mask],
+         "x[mask]"),
     ]
     print(f"\nspeed on {device}, {n:.0e} elements (median of 20; full tables: python benchmarks/run.py)")
     print(f"  {'op':<34} {'ours ms':>9} {'native ms':>10} {'ratio':>6}  native")
