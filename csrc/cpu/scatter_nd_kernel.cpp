@@ -1,0 +1,187 @@
+// CPU kernels for masked::scatter_nd, masked::tensor_scatter_nd_add and
+// masked::gather_nd.
+//
+// Scatter: the output (M slots of S elements) is split into one block per
+// thread, by slot ranges (and by column ranges when there are fewer slots
+// than threads). Every thread reads all index rows in order and adds only the
+// rows whose slot is in its block. No two threads write the same element and
+// each element receives its updates in index order, so the sums are the same
+// bits on every run and for every thread count, with no atomics. half and
+// bfloat16 accumulate in float and round once.
+//
+// Gather: rows are split among threads; each row is one slice copy.
+#include "common.h"
+#include "scatter_nd_index.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace torch_masked {
+namespace cpu {
+namespace {
+
+// Work (index rows times slice elements) below which one thread does it all.
+constexpr int64_t kSerialWork = int64_t{1} << 15;
+// Columns per block when slices are split among threads.
+constexpr int64_t kMinBlockColumns = 512;
+
+// A part of the output: slots [slot_begin, slot_end), columns
+// [column_begin, column_end) of each of their slices.
+struct Block {
+  int64_t slot_begin, slot_end, column_begin, column_end;
+};
+
+std::vector<Block> split_output(const NdIndexGeometry& g) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t work = std::max(g.num_rows, g.num_slots) * g.slice_size;
+  const int64_t wanted = work < kSerialWork ? 1 : threads;
+  const int64_t slot_parts = std::max<int64_t>(1, std::min(wanted, g.num_slots));
+  const int64_t column_parts =
+      std::max<int64_t>(1, std::min(wanted / slot_parts, g.slice_size / kMinBlockColumns));
+  std::vector<Block> blocks;
+  for (int64_t p = 0; p < slot_parts; ++p) {
+    for (int64_t q = 0; q < column_parts; ++q) {
+      blocks.push_back({g.num_slots * p / slot_parts, g.num_slots * (p + 1) / slot_parts,
+                        g.slice_size * q / column_parts, g.slice_size * (q + 1) / column_parts});
+    }
+  }
+  return blocks;
+}
+
+// Adds the updates of every index row whose slot lies in `block` to `acc`, in
+// index order. Returns the first row out of bounds (and, with stop_at_bad,
+// stops there), or -1.
+template <typename acc_t, typename scalar_t, typename index_t>
+int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_t* indices,
+                      const scalar_t* updates, acc_t* acc, bool stop_at_bad) {
+  const int64_t depth = g.depth;
+  const int64_t slice = g.slice_size;
+  const int64_t columns = block.column_end - block.column_begin;
+  int64_t first_bad = -1;
+  for (int64_t n = 0; n < g.num_rows; ++n) {
+    const int64_t slot = slot_of(g, indices + n * depth);
+    if (slot < block.slot_begin || slot >= block.slot_end) {
+      if (slot < 0 && first_bad < 0) {
+        first_bad = n;
+        if (stop_at_bad) {
+          break;
+        }
+      }
+      continue;
+    }
+    acc_t* dst = acc + slot * slice + block.column_begin;
+    const scalar_t* src = updates + n * slice + block.column_begin;
+    // bool: `+=` of 0/1 values stores true for any non-zero sum, an OR.
+    for (int64_t c = 0; c < columns; ++c) {
+      dst[c] += static_cast<acc_t>(src[c]);
+    }
+  }
+  return first_bad;
+}
+
+// Rounds a block of the float accumulator into the half/bfloat16 output.
+template <typename acc_t, typename scalar_t>
+void store_block(const Block& block, int64_t slice, const acc_t* acc, scalar_t* out) {
+  for (int64_t slot = block.slot_begin; slot < block.slot_end; ++slot) {
+    for (int64_t c = slot * slice + block.column_begin, end = slot * slice + block.column_end; c < end; ++c) {
+      out[c] = static_cast<scalar_t>(acc[c]);
+    }
+  }
+}
+
+void scatter_into_cpu(const char* op, at::Tensor& output, const at::Tensor& indices, const at::Tensor& updates,
+                      const NdIndexGeometry& g, bool check_bounds) {
+  const std::vector<Block> blocks = split_output(g);
+  std::vector<int64_t> first_bad(blocks.size(), -1);
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
+    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
+      at::Tensor acc = kRounds ? output.to(c10::CppTypeToScalarType<acc_t>::value) : output;
+      const index_t* index_data = indices.const_data_ptr<index_t>();
+      const scalar_t* update_data = updates.const_data_ptr<scalar_t>();
+      acc_t* acc_data = acc.mutable_data_ptr<acc_t>();
+      scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          first_bad[b] = scatter_block(blocks[b], g, index_data, update_data, acc_data, check_bounds);
+          if constexpr (kRounds) {
+            store_block(blocks[b], g.slice_size, acc_data, out_data);
+          }
+        }
+      });
+    });
+  });
+  // Every block reads all rows, so each saw the same first bad row.
+  if (check_bounds && first_bad.front() >= 0) {
+    raise_out_of_bounds(op, indices, first_bad.front(), output.sizes());
+  }
+}
+
+void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
+                     const NdIndexGeometry& g, bool check_bounds) {
+  const int64_t slice = g.slice_size;
+  std::atomic<int64_t> first_bad{g.num_rows};
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
+    dispatch_by_element_size("gather_nd", params.element_size(), [&](auto tag) {
+      using T = decltype(tag);
+      const index_t* index_data = indices.const_data_ptr<index_t>();
+      const T* src = static_cast<const T*>(params.const_data_ptr());
+      T* dst = static_cast<T*>(output.mutable_data_ptr());
+      const int64_t grain = std::max<int64_t>(1, kSerialWork / std::max<int64_t>(slice, 1));
+      at::parallel_for(0, g.num_rows, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n) {
+          const int64_t slot = slot_of(g, index_data + n * g.depth);
+          T* row = dst + n * slice;
+          if (slot < 0) {
+            int64_t seen = first_bad.load();
+            while (n < seen && !first_bad.compare_exchange_weak(seen, n)) {
+            }
+            std::fill(row, row + slice, T{});
+          } else if (slice == 1) {
+            *row = src[slot];
+          } else if (slice > 0) {
+            std::memcpy(row, src + slot * slice, slice * sizeof(T));
+          }
+        }
+      });
+    });
+  });
+  if (check_bounds && first_bad.load() < g.num_rows) {
+    raise_out_of_bounds("gather_nd", indices, first_bad.load(), params.sizes());
+  }
+}
+
+at::Tensor scatter_nd_cpu(const at::Tensor& indices, const at::Tensor& updates, at::IntArrayRef shape,
+                          bool check_bounds) {
+  return scatter_add_op("scatter_nd", nullptr, indices, updates, shape, check_bounds, scatter_into_cpu);
+}
+
+at::Tensor tensor_scatter_nd_add_cpu(const at::Tensor& tensor, const at::Tensor& indices,
+                                     const at::Tensor& updates, bool check_bounds) {
+  return scatter_add_op("tensor_scatter_nd_add", &tensor, indices, updates, tensor.sizes(), check_bounds,
+                        scatter_into_cpu);
+}
+
+at::Tensor gather_nd_cpu(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
+  return gather_op(params, indices, check_bounds, gather_into_cpu);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, CPU, m) {
+  m.impl("scatter_nd", &scatter_nd_cpu);
+  m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_cpu);
+  m.impl("gather_nd", &gather_nd_cpu);
+}
+
+}  // namespace cpu
+}  // namespace torch_masked
