@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_masked  # noqa: E402,F401
 from harness import print_table, run_case  # noqa: E402
 
-OPS = ["nonzero"]
+OPS = ["nonzero", "scatter_nd"]
 
 
 def main():

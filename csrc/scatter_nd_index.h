@@ -39,23 +39,29 @@ struct NdIndexGeometry {
 };
 
 // The slot that index row `row` (K entries) picks, or -1 when an entry is
-// negative or not below its dimension's size.
-template <typename index_t>
+// negative or not below its dimension's size. kDepthOne: K == 1, known at
+// compile time (the common case, and a tighter loop).
+template <bool kDepthOne = false, typename index_t>
 C10_HOST_DEVICE inline int64_t slot_of(const NdIndexGeometry& g, const index_t* row) {
-  int64_t slot = 0;
-  bool in_range = true;
-  for (int64_t j = 0; j < g.depth; ++j) {
-    const int64_t v = static_cast<int64_t>(row[j]);
-    in_range &= (v >= 0) & (v < g.slot_sizes[j]);
-    slot += v * g.slot_strides[j];
+  if constexpr (kDepthOne) {
+    const int64_t v = static_cast<int64_t>(row[0]);
+    return static_cast<uint64_t>(v) < static_cast<uint64_t>(g.slot_sizes[0]) ? v : -1;
+  } else {
+    int64_t slot = 0;
+    bool in_range = true;
+    for (int64_t j = 0; j < g.depth; ++j) {
+      const int64_t v = static_cast<int64_t>(row[j]);
+      // Unsigned, a negative entry is too large as well.
+      in_range &= static_cast<uint64_t>(v) < static_cast<uint64_t>(g.slot_sizes[j]);
+      slot += v * g.slot_strides[j];
+    }
+    return in_range ? slot : -1;
   }
-  return in_range ? slot : -1;
 }
 
-inline std::string shape_string(at::IntArrayRef shape) {
-  std::ostringstream out;
-  out << shape;
-  return out.str();
+// "torch.float32", as Python prints the dtype.
+inline std::string dtype_name(at::ScalarType dtype) {
+  return "torch." + std::string(c10::getDtypeNames(dtype).first);
 }
 
 // Checks indices (dtype, rank, depth) against the target shape and returns
@@ -63,7 +69,8 @@ inline std::string shape_string(at::IntArrayRef shape) {
 inline NdIndexGeometry make_geometry(const char* op, const at::Tensor& indices, at::IntArrayRef shape,
                                      const char* shape_name) {
   TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
-                   ": expected indices of dtype int32 or int64, got ", indices.scalar_type());
+                   ": expected indices of dtype torch.int32 or torch.int64, got ",
+                   dtype_name(indices.scalar_type()));
   TORCH_CHECK(indices.dim() >= 1, op, ": expected indices with at least one dimension, got a 0-d tensor");
   const int64_t depth = indices.size(-1);
   const int64_t rank = static_cast<int64_t>(shape.size());
@@ -159,11 +166,11 @@ at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Te
   const NdIndexGeometry g = make_geometry(op, indices, shape, tensor != nullptr ? "tensor.shape" : "shape");
   TORCH_CHECK_TYPE(is_addable(updates.scalar_type()), op,
                    ": expected updates of a numeric or bool dtype other than uint16/uint32/uint64, got ",
-                   updates.scalar_type());
+                   dtype_name(updates.scalar_type()));
   if (tensor != nullptr) {
     TORCH_CHECK_TYPE(updates.scalar_type() == tensor->scalar_type(), op,
-                     ": expected updates of the dtype of tensor, ", tensor->scalar_type(), ", got ",
-                     updates.scalar_type());
+                     ": expected updates of the dtype of tensor, ", dtype_name(tensor->scalar_type()),
+                     ", got ", dtype_name(updates.scalar_type()));
   }
   const std::vector<int64_t> expected = rows_shape(indices, shape);
   TORCH_CHECK(updates.sizes() == at::IntArrayRef(expected), op,

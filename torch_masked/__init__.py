@@ -12,8 +12,12 @@ import torch  # noqa: F401  -- libtorch must be loaded before our extension
 
 from . import _C  # noqa: F401
 from .ops.nonzero import nonzero, nonzero_static
+from .ops.scatter_nd import gather_nd, scatter_nd, tensor_scatter_nd_add
 
 __all__ = [
     "nonzero",
     "nonzero_static",
+    "scatter_nd",
+    "gather_nd",
+    "tensor_scatter_nd_add",
 ]

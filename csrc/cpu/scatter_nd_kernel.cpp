@@ -59,15 +59,34 @@ std::vector<Block> split_output(const NdIndexGeometry& g) {
 // Adds the updates of every index row whose slot lies in `block` to `acc`, in
 // index order. Returns the first row out of bounds (and, with stop_at_bad,
 // stops there), or -1.
-template <typename acc_t, typename scalar_t, typename index_t>
+template <bool kDepthOne, typename acc_t, typename scalar_t, typename index_t>
 int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_t* indices,
                       const scalar_t* updates, acc_t* acc, bool stop_at_bad) {
-  const int64_t depth = g.depth;
+  const int64_t depth = kDepthOne ? 1 : g.depth;
   const int64_t slice = g.slice_size;
   const int64_t columns = block.column_end - block.column_begin;
   int64_t first_bad = -1;
+  if (slice == 1) {
+    // Rows of other blocks add to a sink instead of branching on a coin
+    // flip: random destinations make that branch unpredictable, and each
+    // mispredict would stall the many cache misses the loop keeps in flight.
+    acc_t sink{};
+    for (int64_t n = 0; n < g.num_rows; ++n) {
+      const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
+      if (C10_UNLIKELY(slot < 0) && first_bad < 0) {
+        first_bad = n;
+        if (stop_at_bad) {
+          break;
+        }
+      }
+      const bool mine = slot >= block.slot_begin && slot < block.slot_end;
+      acc_t* dst = mine ? acc + slot : &sink;
+      *dst += static_cast<acc_t>(updates[n]);
+    }
+    return first_bad;
+  }
   for (int64_t n = 0; n < g.num_rows; ++n) {
-    const int64_t slot = slot_of(g, indices + n * depth);
+    const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
     if (slot < block.slot_begin || slot >= block.slot_end) {
       if (slot < 0 && first_bad < 0) {
         first_bad = n;
@@ -112,7 +131,9 @@ void scatter_into_cpu(const char* op, at::Tensor& output, const at::Tensor& indi
       scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
-          first_bad[b] = scatter_block(blocks[b], g, index_data, update_data, acc_data, check_bounds);
+          first_bad[b] = g.depth == 1
+                             ? scatter_block<true>(blocks[b], g, index_data, update_data, acc_data, check_bounds)
+                             : scatter_block<false>(blocks[b], g, index_data, update_data, acc_data, check_bounds);
           if constexpr (kRounds) {
             store_block(blocks[b], g.slice_size, acc_data, out_data);
           }
@@ -137,9 +158,10 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
       const T* src = static_cast<const T*>(params.const_data_ptr());
       T* dst = static_cast<T*>(output.mutable_data_ptr());
       const int64_t grain = std::max<int64_t>(1, kSerialWork / std::max<int64_t>(slice, 1));
-      at::parallel_for(0, g.num_rows, grain, [&](int64_t begin, int64_t end) {
+      const auto gather_rows = [&](auto depth_one, int64_t begin, int64_t end) {
+        constexpr bool kDepthOne = decltype(depth_one)::value;
         for (int64_t n = begin; n < end; ++n) {
-          const int64_t slot = slot_of(g, index_data + n * g.depth);
+          const int64_t slot = slot_of<kDepthOne>(g, index_data + n * g.depth);
           T* row = dst + n * slice;
           if (slot < 0) {
             int64_t seen = first_bad.load();
@@ -151,6 +173,13 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
           } else if (slice > 0) {
             std::memcpy(row, src + slot * slice, slice * sizeof(T));
           }
+        }
+      };
+      at::parallel_for(0, g.num_rows, grain, [&](int64_t begin, int64_t end) {
+        if (g.depth == 1) {
+          gather_rows(std::true_type{}, begin, end);
+        } else {
+          gather_rows(std::false_type{}, begin, end);
         }
       });
     });
