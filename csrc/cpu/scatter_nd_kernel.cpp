@@ -32,6 +32,16 @@ namespace {
 constexpr int64_t kSerialWork = int64_t{1} << 15;
 // Columns per block when slices are split among threads.
 constexpr int64_t kMinBlockColumns = 512;
+// How far ahead element scatter prefetches its destinations.
+constexpr int64_t kPrefetchRows = 64;
+
+inline void prefetch_for_write(const void* address) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address, 1);
+#else
+  (void)address;
+#endif
+}
 
 // A part of the output: slots [slot_begin, slot_end), columns
 // [column_begin, column_end) of each of their slices.
@@ -70,8 +80,13 @@ int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_
     // Rows of other blocks add to a sink instead of branching on a coin
     // flip: random destinations make that branch unpredictable, and each
     // mispredict would stall the many cache misses the loop keeps in flight.
+    // The destination a few rows ahead is prefetched: the loop is bound by
+    // cache misses on random destinations, which the indices tell early.
     acc_t sink{};
+    const int64_t last_row = g.num_rows - 1;
     for (int64_t n = 0; n < g.num_rows; ++n) {
+      const int64_t ahead = slot_of<kDepthOne>(g, indices + std::min(n + kPrefetchRows, last_row) * depth);
+      prefetch_for_write(ahead >= block.slot_begin && ahead < block.slot_end ? acc + ahead : &sink);
       const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
       if (C10_UNLIKELY(slot < 0) && first_bad < 0) {
         first_bad = n;
