@@ -150,10 +150,18 @@ inline bool is_addable(at::ScalarType dtype) {
   }
 }
 
-// scatter_into(op, output, indices, updates, geometry, check_bounds) adds the
-// updates into `output` (contiguous, of dtype updates.dtype()); `indices` and
-// `updates` are contiguous. It raises via raise_out_of_bounds when
-// check_bounds is set, else drops rows that are out of bounds.
+// The starting point of a scatter: a contiguous copy of `tensor`, or zeros
+// of `shape` when there is none.
+inline at::Tensor initial_output(const at::Tensor* tensor, at::IntArrayRef shape, const at::TensorOptions& options) {
+  return tensor != nullptr ? tensor->to(options, false, true, at::MemoryFormat::Contiguous)
+                           : at::zeros(shape, options);
+}
+
+// scatter_into(op, tensor, shape, indices, updates, geometry, check_bounds)
+// returns a new contiguous tensor of `shape`: `tensor` (zeros when null) plus
+// the updates; `indices` and `updates` are contiguous. It raises via
+// raise_out_of_bounds when check_bounds is set, else drops rows that are out
+// of bounds.
 template <typename ScatterInto>
 at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Tensor& indices,
                           const at::Tensor& updates, at::IntArrayRef shape, bool check_bounds,
@@ -177,10 +185,7 @@ at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Te
               ": expected updates of shape indices.shape[:-1] + ", tensor != nullptr ? "tensor.shape" : "shape",
               "[K:] = ", at::IntArrayRef(expected), ", got updates of shape ", updates.sizes(),
               " (indices of shape ", indices.sizes(), ")");
-  at::Tensor output = tensor != nullptr ? tensor->clone(at::MemoryFormat::Contiguous)
-                                        : at::zeros(shape, updates.options());
-  scatter_into(op, output, indices.contiguous(), updates.contiguous(), g, check_bounds);
-  return output;
+  return scatter_into(op, tensor, shape, indices.contiguous(), updates.contiguous(), g, check_bounds);
 }
 
 // gather_into(output, params, indices, geometry, check_bounds) fills

@@ -114,7 +114,8 @@ def test_larger_inputs_match_references(device, dtype):
     """Big enough that the CPU splits the work among threads (by slots, and by
     columns when there are few slots)."""
     gen = torch.Generator().manual_seed(2)
-    for shape, k, rows in [((50_000,), 1, 80_000), ((300, 700), 1, 900), ((2, 40_000), 1, 50), ((6, 7, 900), 2, 500)]:
+    cases = [((50_000,), 1, 80_000), ((300, 700), 1, 900), ((1, 40_000), 1, 50), ((6, 7, 900), 2, 500), ((40, 900), 0, 30)]
+    for shape, k, rows in cases:
         indices = random_indices((rows,), shape, k, gen, duplicates=False)
         updates = small_values([rows] + list(shape[k:]), dtype, gen)
         base = small_values(shape, dtype, gen)

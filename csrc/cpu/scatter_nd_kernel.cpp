@@ -7,7 +7,7 @@
 // rows whose slot is in its block. No two threads write the same element and
 // each element receives its updates in index order, so the sums are the same
 // bits on every run and for every thread count, with no atomics. half and
-// bfloat16 accumulate in float and round once.
+// bfloat16 accumulate in a float copy of the output and round once at the end.
 //
 // Gather: rows are split among threads; each row is one slice copy.
 #include "common.h"
@@ -121,45 +121,34 @@ int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_
   return first_bad;
 }
 
-// Rounds a block of the float accumulator into the half/bfloat16 output.
-template <typename acc_t, typename scalar_t>
-void store_block(const Block& block, int64_t slice, const acc_t* acc, scalar_t* out) {
-  for (int64_t slot = block.slot_begin; slot < block.slot_end; ++slot) {
-    for (int64_t c = slot * slice + block.column_begin, end = slot * slice + block.column_end; c < end; ++c) {
-      out[c] = static_cast<scalar_t>(acc[c]);
-    }
-  }
-}
-
-void scatter_into_cpu(const char* op, at::Tensor& output, const at::Tensor& indices, const at::Tensor& updates,
-                      const NdIndexGeometry& g, bool check_bounds) {
+at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
+                            const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
+  at::Tensor output;
   const std::vector<Block> blocks = split_output(g);
   std::vector<int64_t> first_bad(blocks.size(), -1);
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
     AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
-      at::Tensor acc = kRounds ? output.to(c10::CppTypeToScalarType<acc_t>::value) : output;
+      at::Tensor acc = initial_output(tensor, shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
       const index_t* index_data = indices.const_data_ptr<index_t>();
       const scalar_t* update_data = updates.const_data_ptr<scalar_t>();
       acc_t* acc_data = acc.mutable_data_ptr<acc_t>();
-      scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
           first_bad[b] = g.depth == 1
                              ? scatter_block<true>(blocks[b], g, index_data, update_data, acc_data, check_bounds)
                              : scatter_block<false>(blocks[b], g, index_data, update_data, acc_data, check_bounds);
-          if constexpr (kRounds) {
-            store_block(blocks[b], g.slice_size, acc_data, out_data);
-          }
         }
       });
+      output = kRounds ? acc.to(updates.scalar_type()) : acc;  // ATen's vectorised rounding
     });
   });
   // Every block reads all rows, so each saw the same first bad row.
   if (check_bounds && first_bad.front() >= 0) {
-    raise_out_of_bounds(op, indices, first_bad.front(), output.sizes());
+    raise_out_of_bounds(op, indices, first_bad.front(), shape);
   }
+  return output;
 }
 
 void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,

@@ -236,12 +236,14 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void scatter_into_cuda(const char* op, at::Tensor& output, const at::Tensor& indices, const at::Tensor& updates,
-                       const NdIndexGeometry& g, bool check_bounds) {
+at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntArrayRef shape,
+                             const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
+                             bool check_bounds) {
+  const c10::cuda::CUDAGuard guard(updates.device());
+  at::Tensor output = initial_output(tensor, shape, updates.options());
   if (g.num_rows == 0) {
-    return;
+    return output;
   }
-  const c10::cuda::CUDAGuard guard(output.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::TensorOptions long_options = indices.options().dtype(at::kLong);
   const FirstBadRow first_bad(check_bounds, g, indices);
@@ -269,7 +271,8 @@ void scatter_into_cuda(const char* op, at::Tensor& output, const at::Tensor& ind
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  first_bad.raise_if_any(op, indices, output.sizes());
+  first_bad.raise_if_any(op, indices, shape);
+  return output;
 }
 
 // One thread per output element; rows out of bounds read as zeros.

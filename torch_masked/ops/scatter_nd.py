@@ -173,6 +173,11 @@ def _dtype_of(value):
     return value.dtype if isinstance(value, torch.Tensor) else None
 
 
+def _call(op, check_bounds, *args):
+    # The keyword only when it is not the default: keywords slow the call down.
+    return op(*args) if check_bounds else op(*args, check_bounds=False)
+
+
 def scatter_nd(indices, updates, shape, *, check_bounds=True):
     """A new tensor of ``shape``, zero, plus ``updates`` added at ``indices``
     (``tf.scatter_nd``). ``indices`` is int32/int64 of shape ``[..., K]``,
@@ -181,27 +186,30 @@ def scatter_nd(indices, updates, shape, *, check_bounds=True):
     IndexError; with ``check_bounds=False`` (no device sync, e.g. inside a
     CUDA graph) such rows are dropped instead. Lists are accepted for
     ``indices``, ``updates`` and ``shape``."""
-    device = _device_of(indices, updates)
-    indices = _as_index_tensor(indices, device)
-    updates = _as_tensor(updates, indices.device)
+    if not (isinstance(indices, torch.Tensor) and isinstance(updates, torch.Tensor)):
+        device = _device_of(indices, updates)
+        indices = _as_index_tensor(indices, device)
+        updates = _as_tensor(updates, indices.device)
     if isinstance(shape, torch.Tensor):
         shape = shape.tolist()
-    return torch.ops.masked.scatter_nd.default(indices, updates, list(shape), check_bounds=check_bounds)
+    return _call(torch.ops.masked.scatter_nd.default, check_bounds, indices, updates, shape)
 
 
 def tensor_scatter_nd_add(tensor, indices, updates, *, check_bounds=True):
     """``tensor`` plus ``updates`` added at ``indices`` (out of place), as
     ``tf.tensor_scatter_nd_add``; the rules of ``scatter_nd`` apply."""
-    tensor = _as_tensor(tensor, _device_of(tensor, indices, updates), _dtype_of(updates))
-    indices = _as_index_tensor(indices, tensor.device)
-    updates = _as_tensor(updates, tensor.device, tensor.dtype)
-    return torch.ops.masked.tensor_scatter_nd_add.default(tensor, indices, updates, check_bounds=check_bounds)
+    if not all(isinstance(t, torch.Tensor) for t in (tensor, indices, updates)):
+        tensor = _as_tensor(tensor, _device_of(tensor, indices, updates), _dtype_of(updates))
+        indices = _as_index_tensor(indices, tensor.device)
+        updates = _as_tensor(updates, tensor.device, tensor.dtype)
+    return _call(torch.ops.masked.tensor_scatter_nd_add.default, check_bounds, tensor, indices, updates)
 
 
 def gather_nd(params, indices, *, check_bounds=True):
     """The slices of ``params`` at ``indices`` (``tf.gather_nd``): shape
     ``indices.shape[:-1] + params.shape[K:]``. An index out of bounds is an
     IndexError; with ``check_bounds=False`` its rows are zeros instead."""
-    params = _as_tensor(params, _device_of(params, indices))
-    indices = _as_index_tensor(indices, params.device)
-    return torch.ops.masked.gather_nd.default(params, indices, check_bounds=check_bounds)
+    if not (isinstance(params, torch.Tensor) and isinstance(indices, torch.Tensor)):
+        params = _as_tensor(params, _device_of(params, indices))
+        indices = _as_index_tensor(indices, params.device)
+    return _call(torch.ops.masked.gather_nd.default, check_bounds, params, indices)
