@@ -442,3 +442,38 @@ def test_compiled_training_step(dynamic):
         loss.backward()
         torch.testing.assert_close(loss, expected_loss)
         torch.testing.assert_close(weight.grad, expected_grad)
+
+
+def bad_calls():
+    """Calls that fail before any data is read, so the fake kernels must fail alike."""
+    ops = torch.ops.masked
+    idx = torch.tensor([[0], [1]])
+    upd = torch.ones(2)
+    return [
+        (ops.scatter_nd.default, (idx.float(), upd, [3])),
+        (ops.scatter_nd.default, (torch.tensor(1), upd, [3])),
+        (ops.scatter_nd.default, (torch.zeros(2, 2, dtype=torch.int64), upd, [3])),
+        (ops.scatter_nd.default, (torch.zeros(1, 26, dtype=torch.int64), torch.ones(1), [1] * 26)),
+        (ops.scatter_nd.default, (idx, upd, [3, 4])),
+        (ops.scatter_nd.default, (idx, torch.ones(2, 0), [3, -1])),
+        (ops.scatter_nd.default, (idx, upd.to(torch.uint32), [3])),
+        (ops.tensor_scatter_nd_add.default, (torch.zeros(3, dtype=torch.float64), idx, upd)),
+        (ops.tensor_scatter_nd_add.default, (torch.zeros(3), idx, torch.ones(3))),
+        (ops.gather_nd.default, (upd, torch.zeros(2, 2, dtype=torch.int64))),
+        (ops.gather_nd.default, (upd, idx.double())),
+    ]
+
+
+@pytest.mark.parametrize("call", range(len(bad_calls())))
+def test_fake_kernels_fail_like_the_real_ones(call):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op, args = bad_calls()[call]
+    with pytest.raises(Exception) as real:
+        op(*args)
+    with FakeTensorMode() as mode:
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        with pytest.raises(Exception) as fake:
+            op(*fake_args)
+    assert type(fake.value) is type(real.value)
+    assert str(real.value).splitlines()[0] in str(fake.value)
