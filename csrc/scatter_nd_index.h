@@ -12,7 +12,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
@@ -148,13 +147,6 @@ inline bool is_addable(at::ScalarType dtype) {
     default:
       return false;
   }
-}
-
-// The starting point of a scatter: a contiguous copy of `tensor`, or zeros
-// of `shape` when there is none.
-inline at::Tensor initial_output(const at::Tensor* tensor, at::IntArrayRef shape, const at::TensorOptions& options) {
-  return tensor != nullptr ? tensor->to(options, false, true, at::MemoryFormat::Contiguous)
-                           : at::zeros(shape, options);
 }
 
 // scatter_into(op, tensor, shape, indices, updates, geometry, check_bounds)

@@ -7,7 +7,7 @@
 // rows whose slot is in its block. No two threads write the same element and
 // each element receives its updates in index order, so the sums are the same
 // bits on every run and for every thread count, with no atomics. half and
-// bfloat16 accumulate in a float copy of the output and round once at the end.
+// bfloat16 accumulate in float and round once at the end.
 //
 // Gather: rows are split among threads; each row is one slice copy.
 #include "common.h"
@@ -16,6 +16,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -121,27 +122,51 @@ int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_
   return first_bad;
 }
 
+// Each block starts its own part of the output (from `tensor`, or zeros),
+// scatters into it and, for half/bfloat16, rounds its float accumulator into
+// the output: one parallel region, each thread on memory it just touched.
 at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
                             const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
-  at::Tensor output;
   const std::vector<Block> blocks = split_output(g);
   std::vector<int64_t> first_bad(blocks.size(), -1);
+  const at::Tensor output = at::empty(shape, updates.options());
+  const at::Tensor base = tensor != nullptr ? tensor->contiguous() : at::Tensor();
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
     AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
-      at::Tensor acc = initial_output(tensor, shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+      const at::Tensor acc =
+          kRounds ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value)) : output;
+      // As [slots, slice] matrices, in which every block is a rectangle.
+      const auto as_slots = [&](const at::Tensor& t) { return t.view({g.num_slots, g.slice_size}); };
+      const at::Tensor acc_slots = as_slots(acc);
+      const at::Tensor out_slots = as_slots(output);
+      const at::Tensor base_slots = base.defined() ? as_slots(base) : at::Tensor();
       const index_t* index_data = indices.const_data_ptr<index_t>();
       const scalar_t* update_data = updates.const_data_ptr<scalar_t>();
       acc_t* acc_data = acc.mutable_data_ptr<acc_t>();
       at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
+          const Block& block = blocks[b];
+          const auto region = [&](const at::Tensor& t) {
+            return t.narrow(0, block.slot_begin, block.slot_end - block.slot_begin)
+                .narrow(1, block.column_begin, block.column_end - block.column_begin);
+          };
+          // ATen's copies (vectorised, and run by this thread alone here).
+          at::Tensor acc_region = region(acc_slots);
+          if (base.defined()) {
+            acc_region.copy_(region(base_slots));
+          } else {
+            acc_region.zero_();
+          }
           first_bad[b] = g.depth == 1
-                             ? scatter_block<true>(blocks[b], g, index_data, update_data, acc_data, check_bounds)
-                             : scatter_block<false>(blocks[b], g, index_data, update_data, acc_data, check_bounds);
+                             ? scatter_block<true>(block, g, index_data, update_data, acc_data, check_bounds)
+                             : scatter_block<false>(block, g, index_data, update_data, acc_data, check_bounds);
+          if constexpr (kRounds) {
+            region(out_slots).copy_(acc_region);
+          }
         }
       });
-      output = kRounds ? acc.to(updates.scalar_type()) : acc;  // ATen's vectorised rounding
     });
   });
   // Every block reads all rows, so each saw the same first bad row.

@@ -25,6 +25,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -240,7 +241,8 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
                              const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
                              bool check_bounds) {
   const c10::cuda::CUDAGuard guard(updates.device());
-  at::Tensor output = initial_output(tensor, shape, updates.options());
+  at::Tensor output =
+      tensor != nullptr ? tensor->clone(at::MemoryFormat::Contiguous) : at::zeros(shape, updates.options());
   if (g.num_rows == 0) {
     return output;
   }
