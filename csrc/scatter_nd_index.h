@@ -46,15 +46,16 @@ C10_HOST_DEVICE inline int64_t slot_of(const NdIndexGeometry& g, const index_t* 
     const int64_t v = static_cast<int64_t>(row[0]);
     return static_cast<uint64_t>(v) < static_cast<uint64_t>(g.slot_sizes[0]) ? v : -1;
   } else {
-    int64_t slot = 0;
+    // Unsigned: a negative entry is too large as well, and the sum of a bad
+    // row (thrown away) wraps instead of overflowing.
+    uint64_t slot = 0;
     bool in_range = true;
     for (int64_t j = 0; j < g.depth; ++j) {
-      const int64_t v = static_cast<int64_t>(row[j]);
-      // Unsigned, a negative entry is too large as well.
-      in_range &= static_cast<uint64_t>(v) < static_cast<uint64_t>(g.slot_sizes[j]);
-      slot += v * g.slot_strides[j];
+      const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(row[j]));
+      in_range &= v < static_cast<uint64_t>(g.slot_sizes[j]);
+      slot += v * static_cast<uint64_t>(g.slot_strides[j]);
     }
-    return in_range ? slot : -1;
+    return in_range ? static_cast<int64_t>(slot) : -1;
   }
 }
 
