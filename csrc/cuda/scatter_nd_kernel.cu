@@ -35,6 +35,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 namespace torch_masked {
@@ -162,8 +163,8 @@ __global__ void scatter_atomic_kernel(NdIndexGeometry g, const index_t* indices,
 // One thread per index row: its slot as a sort key (rows out of bounds get
 // num_slots, after every real slot) and its row number as the value. With
 // keys == nullptr it only checks the bounds (slices of size 0).
-template <typename index_t>
-__global__ void slot_keys_kernel(NdIndexGeometry g, const index_t* indices, uint64_t* keys, int64_t* rows,
+template <typename key_t, typename row_t, typename index_t>
+__global__ void slot_keys_kernel(NdIndexGeometry g, const index_t* indices, key_t* keys, row_t* rows,
                                  int64_t* first_bad) {
   GRID_STRIDE_LOOP(row, g.num_rows) {
     int64_t slot = slot_of(g, indices + row * g.depth);
@@ -172,8 +173,8 @@ __global__ void slot_keys_kernel(NdIndexGeometry g, const index_t* indices, uint
       slot = g.num_slots;
     }
     if (keys != nullptr) {
-      keys[row] = static_cast<uint64_t>(slot);
-      rows[row] = row;
+      keys[row] = static_cast<key_t>(slot);
+      rows[row] = static_cast<row_t>(row);
     }
   }
 }
@@ -181,54 +182,57 @@ __global__ void slot_keys_kernel(NdIndexGeometry g, const index_t* indices, uint
 // Only the bounds check, for slices of size 0 (nothing to move).
 template <typename index_t>
 void check_rows_only(const NdIndexGeometry& g, const index_t* indices, int64_t* first_bad, cudaStream_t stream) {
-  slot_keys_kernel<<<blocks_for(g.num_rows), kThreads, 0, stream>>>(g, indices, nullptr, nullptr, first_bad);
+  slot_keys_kernel<uint32_t, int32_t><<<blocks_for(g.num_rows), kThreads, 0, stream>>>(g, indices, nullptr, nullptr,
+                                                                                       first_bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // One thread per (sorted position, column); the first position of each run
 // of equal slots sums the run in order.
-template <typename scalar_t>
-__global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, uint64_t num_slots, const uint64_t* keys,
-                                   const int64_t* rows, const scalar_t* updates, scalar_t* out) {
+template <typename scalar_t, typename key_t, typename row_t>
+__global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys,
+                                   const row_t* rows, const scalar_t* updates, scalar_t* out) {
   using acc_t = at::opmath_type<scalar_t>;
   GRID_STRIDE_LOOP(t, num_rows * slice) {
     const int64_t i = t / slice;
     const int64_t column = t - i * slice;
-    const uint64_t key = keys[i];
+    const key_t key = keys[i];
     if (key >= num_slots || (i > 0 && keys[i - 1] == key)) {
       continue;
     }
     acc_t sum{};
     for (int64_t j = i; j < num_rows && keys[j] == key; ++j) {
-      sum += static_cast<acc_t>(updates[rows[j] * slice + column]);
+      sum += static_cast<acc_t>(updates[static_cast<int64_t>(rows[j]) * slice + column]);
     }
     scalar_t* dst = out + static_cast<int64_t>(key) * slice + column;
     *dst = static_cast<scalar_t>(static_cast<acc_t>(*dst) + sum);
   }
 }
 
-template <typename scalar_t, typename index_t>
+// Keys and row numbers as narrow as the sizes allow: the sort moves half the
+// bytes with 32-bit ones.
+template <typename key_t, typename row_t, typename scalar_t, typename index_t>
 void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates, scalar_t* out,
-                    int64_t* first_bad, const at::TensorOptions& long_options, cudaStream_t stream) {
+                    int64_t* first_bad, const at::TensorOptions& options, cudaStream_t stream) {
   const int64_t n = g.num_rows;
-  at::Tensor keys = at::empty({2, n}, long_options);
-  at::Tensor rows = at::empty({2, n}, long_options);
-  uint64_t* keys_in = reinterpret_cast<uint64_t*>(keys.mutable_data_ptr<int64_t>());
-  uint64_t* keys_out = keys_in + n;
-  int64_t* rows_in = rows.mutable_data_ptr<int64_t>();
-  int64_t* rows_out = rows_in + n;
+  at::Tensor keys = at::empty({2 * n * static_cast<int64_t>(sizeof(key_t))}, options.dtype(at::kByte));
+  at::Tensor rows = at::empty({2 * n * static_cast<int64_t>(sizeof(row_t))}, options.dtype(at::kByte));
+  key_t* keys_in = static_cast<key_t*>(keys.mutable_data_ptr());
+  key_t* keys_out = keys_in + n;
+  row_t* rows_in = static_cast<row_t*>(rows.mutable_data_ptr());
+  row_t* rows_out = rows_in + n;
   slot_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, indices, keys_in, rows_in, first_bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // Sort only the bits a key can use (num_slots itself included).
-  const uint64_t max_key = static_cast<uint64_t>(g.num_slots);
+  const key_t max_key = static_cast<key_t>(g.num_slots);
   int end_bit = 1;
-  while (end_bit < 64 && (uint64_t{1} << end_bit) <= max_key) {
+  while (end_bit < static_cast<int>(sizeof(key_t) * 8) && (uint64_t{1} << end_bit) <= max_key) {
     ++end_bit;
   }
   size_t temp_bytes = 0;
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, rows_in, rows_out, n,
                                                  0, end_bit, stream));
-  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, long_options.dtype(at::kByte));
+  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.mutable_data_ptr(), temp_bytes, keys_in, keys_out, rows_in,
                                                  rows_out, n, 0, end_bit, stream));
   const int64_t total = n * g.slice_size;
@@ -247,7 +251,6 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
     return output;
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::TensorOptions long_options = indices.options().dtype(at::kLong);
   const FirstBadRow first_bad(check_bounds, g, indices);
   int64_t* first_bad_ptr = first_bad.device_ptr();
   const int64_t total = g.num_rows * g.slice_size;
@@ -264,7 +267,14 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
       // Integer and bool sums do not depend on the order.
       if constexpr (!std::is_integral_v<scalar_t>) {
         if (deterministic) {
-          scatter_sorted(g, index_data, update_data, out_data, first_bad_ptr, long_options, stream);
+          // Keys go up to num_slots (rows out of bounds).
+          if (g.num_slots < std::numeric_limits<uint32_t>::max() && g.num_rows <= std::numeric_limits<int32_t>::max()) {
+            scatter_sorted<uint32_t, int32_t>(g, index_data, update_data, out_data, first_bad_ptr, indices.options(),
+                                              stream);
+          } else {
+            scatter_sorted<uint64_t, int64_t>(g, index_data, update_data, out_data, first_bad_ptr, indices.options(),
+                                              stream);
+          }
           return;
         }
       }
