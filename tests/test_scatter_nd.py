@@ -137,15 +137,22 @@ def test_cpu_sums_in_index_order_like_numpy_add_at():
     upd = torch.randn(n, generator=gen)
     expected = np.zeros(1000, np.float32)
     np.add.at(expected, idx.numpy(), upd.numpy())
-    for threads in (1, 2):
+    # A row out of bounds, dropped with check_bounds=False.
+    bad_idx = torch.cat([idx[:5], torch.tensor([1000]), idx[5:]])
+    bad_upd = torch.cat([upd[:5], torch.tensor([7.0]), upd[5:]])
+    for threads in (1, 2, 4):  # one block, one block, two blocks
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             ours = torch_masked.scatter_nd(idx.unsqueeze(1), upd, [1000])
             ours_bf16 = torch_masked.scatter_nd(idx.unsqueeze(1), upd.bfloat16(), [1000])
+            dropped = torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, [1000], check_bounds=False)
+            with pytest.raises(IndexError, match=r"got \[1000\] at indices\[5\]"):
+                torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, [1000])
         finally:
             torch.set_num_threads(previous)
         assert torch.equal(ours, torch.from_numpy(expected))
+        assert torch.equal(dropped, ours)
         expected_bf16 = np.zeros(1000, np.float32)
         np.add.at(expected_bf16, idx.numpy(), upd.bfloat16().float().numpy())
         assert torch.equal(ours_bf16, torch.from_numpy(expected_bf16).bfloat16())
