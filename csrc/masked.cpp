@@ -30,8 +30,10 @@ TORCH_LIBRARY(masked, m) {
   m.def("boolean_mask(Tensor tensor, Tensor mask, int axis=0) -> Tensor");
   m.def("boolean_mask_backward(Tensor grad, Tensor mask, SymInt[] input_shape, int axis) -> Tensor");
 
-  // scatter_nd / gather_nd / tensor_scatter_nd_add.
-  m.def("scatter_nd(Tensor indices, Tensor updates, SymInt[] shape) -> Tensor");
-  m.def("gather_nd(Tensor params, Tensor indices) -> Tensor");
-  m.def("tensor_scatter_nd_add(Tensor tensor, Tensor indices, Tensor updates) -> Tensor");
+  // scatter_nd / gather_nd / tensor_scatter_nd_add. check_bounds=False skips
+  // the host's look at the bounds check (no device sync, for CUDA graphs):
+  // rows out of bounds are then dropped (scatter) or read as zeros (gather).
+  m.def("scatter_nd(Tensor indices, Tensor updates, SymInt[] shape, *, bool check_bounds=True) -> Tensor");
+  m.def("gather_nd(Tensor params, Tensor indices, *, bool check_bounds=True) -> Tensor");
+  m.def("tensor_scatter_nd_add(Tensor tensor, Tensor indices, Tensor updates, *, bool check_bounds=True) -> Tensor");
 }

@@ -20,12 +20,16 @@ except ImportError as error:
     ) from error
 from .ops.boolean_mask import boolean_mask
 from .ops.nonzero import nonzero, nonzero_static
+from .ops.scatter_nd import gather_nd, scatter_nd, tensor_scatter_nd_add
 from .ops.where import select, where
 
 __all__ = [
     "boolean_mask",
     "nonzero",
     "nonzero_static",
+    "gather_nd",
+    "scatter_nd",
     "select",
+    "tensor_scatter_nd_add",
     "where",
 ]

@@ -1,0 +1,276 @@
+// CPU kernels for masked::scatter_nd, masked::tensor_scatter_nd_add and
+// masked::gather_nd.
+//
+// Scatter: the output (M slots of S elements) is split into one block per
+// thread, by slot ranges (and by column ranges when there are fewer slots
+// than threads). Every thread reads all index rows in order and adds only the
+// rows whose slot is in its block. No two threads write the same element and
+// each element receives its updates in index order, so the sums are the same
+// bits on every run and for every thread count, with no atomics. half and
+// bfloat16 accumulate in float and round once at the end.
+//
+// Gather: rows are split among threads; each row is one slice copy.
+#include "common.h"
+#include "scatter_nd_index.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace torch_masked {
+namespace cpu {
+namespace {
+
+// Work (index rows times slice elements) below which one thread does it all.
+constexpr int64_t kSerialWork = int64_t{1} << 15;
+// Columns per block when slices are split among threads.
+constexpr int64_t kMinBlockColumns = 512;
+// Index rows element scatter lists together (when the rows are split among
+// blocks), and how far ahead it prefetches destinations.
+constexpr int64_t kChunkRows = 256;
+constexpr int64_t kPrefetchRows = 32;
+
+inline void prefetch_for_write(const void* address) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address, 1);
+#else
+  (void)address;
+#endif
+}
+
+// A part of the output: slots [slot_begin, slot_end), columns
+// [column_begin, column_end) of each of their slices.
+struct Block {
+  int64_t slot_begin, slot_end, column_begin, column_end;
+};
+
+// Every block reads all the index rows. For element updates that reading is
+// most of the work, so only every other thread gets a block: measured on two
+// cores, two blocks cost more in index traffic than they saved in additions.
+std::vector<Block> split_output(const NdIndexGeometry& g) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t work = std::max(g.num_rows, g.num_slots) * g.slice_size;
+  const int64_t wanted = work < kSerialWork ? 1 : g.slice_size == 1 ? std::max<int64_t>(1, threads / 2) : threads;
+  const int64_t slot_parts = std::max<int64_t>(1, std::min(wanted, g.num_slots));
+  const int64_t column_parts =
+      std::max<int64_t>(1, std::min(wanted / slot_parts, g.slice_size / kMinBlockColumns));
+  std::vector<Block> blocks;
+  for (int64_t p = 0; p < slot_parts; ++p) {
+    for (int64_t q = 0; q < column_parts; ++q) {
+      blocks.push_back({g.num_slots * p / slot_parts, g.num_slots * (p + 1) / slot_parts,
+                        g.slice_size * q / column_parts, g.slice_size * (q + 1) / column_parts});
+    }
+  }
+  return blocks;
+}
+
+// Adds the updates of every index row whose slot lies in `block` to `acc`, in
+// index order (for bool, `+=` of 0/1 values stores true for any non-zero sum:
+// an OR). Returns the first row out of bounds (and, with stop_at_bad, stops
+// there), or -1.
+template <bool kDepthOne, typename acc_t, typename scalar_t, typename index_t>
+int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_t* indices,
+                      const scalar_t* updates, acc_t* acc, bool stop_at_bad) {
+  const int64_t depth = kDepthOne ? 1 : g.depth;
+  const int64_t slice = g.slice_size;
+  const int64_t columns = block.column_end - block.column_begin;
+  int64_t first_bad = -1;
+  if (slice == 1 && block.slot_begin == 0 && block.slot_end == g.num_slots) {
+    // Every row in range is this block's. The destinations are cache misses
+    // the indices announce early: prefetch a few rows ahead.
+    const int64_t last_row = g.num_rows - 1;
+    for (int64_t n = 0; n < g.num_rows; ++n) {
+      const int64_t ahead = slot_of<kDepthOne>(g, indices + std::min(n + kPrefetchRows, last_row) * depth);
+      prefetch_for_write(acc + std::max<int64_t>(ahead, 0));
+      const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
+      if (C10_UNLIKELY(slot < 0)) {
+        if (first_bad < 0) {
+          first_bad = n;
+          if (stop_at_bad) {
+            break;
+          }
+        }
+        continue;
+      }
+      acc[slot] += static_cast<acc_t>(updates[n]);
+    }
+    return first_bad;
+  }
+  if (slice == 1) {
+    // Rows come in chunks: first their slots and values are listed without
+    // a branch (a row of this block moves the end of the list on), then the
+    // listed ones are added. Random destinations make "is it mine?" a coin
+    // flip, too costly to branch on, and the additions run free of it.
+    int64_t slots[kChunkRows];
+    acc_t values[kChunkRows];
+    for (int64_t chunk = 0; chunk < g.num_rows; chunk += kChunkRows) {
+      const int64_t chunk_end = std::min(g.num_rows, chunk + kChunkRows);
+      int64_t listed = 0;
+      for (int64_t n = chunk; n < chunk_end; ++n) {
+        const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
+        if (C10_UNLIKELY(slot < 0) && first_bad < 0) {
+          first_bad = n;
+          if (stop_at_bad) {
+            return first_bad;
+          }
+        }
+        slots[listed] = slot;
+        values[listed] = static_cast<acc_t>(updates[n]);
+        listed += slot >= block.slot_begin && slot < block.slot_end;
+      }
+      for (int64_t k = 0; k < listed; ++k) {
+        prefetch_for_write(acc + slots[std::min(k + kPrefetchRows, listed - 1)]);
+        acc[slots[k]] += values[k];
+      }
+    }
+    return first_bad;
+  }
+  for (int64_t n = 0; n < g.num_rows; ++n) {
+    const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
+    if (slot < block.slot_begin || slot >= block.slot_end) {
+      if (slot < 0 && first_bad < 0) {
+        first_bad = n;
+        if (stop_at_bad) {
+          break;
+        }
+      }
+      continue;
+    }
+    acc_t* dst = acc + slot * slice + block.column_begin;
+    const scalar_t* src = updates + n * slice + block.column_begin;
+    for (int64_t c = 0; c < columns; ++c) {
+      dst[c] += static_cast<acc_t>(src[c]);
+    }
+  }
+  return first_bad;
+}
+
+// Each block starts its own part of the output (from `tensor`, or zeros),
+// scatters into it and, for half/bfloat16, rounds its float accumulator into
+// the output: one parallel region, each thread on memory it just touched.
+at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
+                            const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
+  const std::vector<Block> blocks = split_output(g);
+  std::vector<int64_t> first_bad(blocks.size(), -1);
+  const at::Tensor output = at::empty(shape, updates.options());
+  const at::Tensor base = tensor != nullptr ? tensor->contiguous() : at::Tensor();
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
+    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
+      const at::Tensor acc =
+          kRounds ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value)) : output;
+      // As [slots, slice] matrices, in which every block is a rectangle.
+      const auto as_slots = [&](const at::Tensor& t) { return t.view({g.num_slots, g.slice_size}); };
+      const at::Tensor acc_slots = as_slots(acc);
+      const at::Tensor out_slots = as_slots(output);
+      const at::Tensor base_slots = base.defined() ? as_slots(base) : at::Tensor();
+      const index_t* index_data = indices.const_data_ptr<index_t>();
+      const scalar_t* update_data = updates.const_data_ptr<scalar_t>();
+      acc_t* acc_data = acc.mutable_data_ptr<acc_t>();
+      at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const Block& block = blocks[b];
+          const auto region = [&](const at::Tensor& t) {
+            return t.narrow(0, block.slot_begin, block.slot_end - block.slot_begin)
+                .narrow(1, block.column_begin, block.column_end - block.column_begin);
+          };
+          // ATen's copies (vectorised, and run by this thread alone here).
+          at::Tensor acc_region = region(acc_slots);
+          if (base.defined()) {
+            acc_region.copy_(region(base_slots));
+          } else {
+            acc_region.zero_();
+          }
+          first_bad[b] = g.depth == 1
+                             ? scatter_block<true>(block, g, index_data, update_data, acc_data, check_bounds)
+                             : scatter_block<false>(block, g, index_data, update_data, acc_data, check_bounds);
+          if constexpr (kRounds) {
+            region(out_slots).copy_(acc_region);
+          }
+        }
+      });
+    });
+  });
+  // Every block reads all rows, so each saw the same first bad row.
+  if (check_bounds && first_bad.front() >= 0) {
+    raise_out_of_bounds(op, indices, first_bad.front(), shape);
+  }
+  return output;
+}
+
+void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
+                     const NdIndexGeometry& g, bool check_bounds) {
+  const int64_t slice = g.slice_size;
+  std::atomic<int64_t> first_bad{g.num_rows};
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
+    dispatch_by_element_size("gather_nd", params.element_size(), [&](auto tag) {
+      using T = decltype(tag);
+      const index_t* index_data = indices.const_data_ptr<index_t>();
+      const T* src = static_cast<const T*>(params.const_data_ptr());
+      T* dst = static_cast<T*>(output.mutable_data_ptr());
+      const int64_t grain = std::max<int64_t>(1, kSerialWork / std::max<int64_t>(slice, 1));
+      const auto gather_rows = [&](auto depth_one, int64_t begin, int64_t end) {
+        constexpr bool kDepthOne = decltype(depth_one)::value;
+        for (int64_t n = begin; n < end; ++n) {
+          const int64_t slot = slot_of<kDepthOne>(g, index_data + n * g.depth);
+          T* row = dst + n * slice;
+          if (slot < 0) {
+            int64_t seen = first_bad.load();
+            while (n < seen && !first_bad.compare_exchange_weak(seen, n)) {
+            }
+            std::fill(row, row + slice, T{});
+          } else if (slice == 1) {
+            *row = src[slot];
+          } else if (slice > 0) {
+            std::memcpy(row, src + slot * slice, slice * sizeof(T));
+          }
+        }
+      };
+      at::parallel_for(0, g.num_rows, grain, [&](int64_t begin, int64_t end) {
+        if (g.depth == 1) {
+          gather_rows(std::true_type{}, begin, end);
+        } else {
+          gather_rows(std::false_type{}, begin, end);
+        }
+      });
+    });
+  });
+  if (check_bounds && first_bad.load() < g.num_rows) {
+    raise_out_of_bounds("gather_nd", indices, first_bad.load(), params.sizes());
+  }
+}
+
+at::Tensor scatter_nd_cpu(const at::Tensor& indices, const at::Tensor& updates, at::IntArrayRef shape,
+                          bool check_bounds) {
+  return scatter_add_op("scatter_nd", nullptr, indices, updates, shape, check_bounds, scatter_into_cpu);
+}
+
+at::Tensor tensor_scatter_nd_add_cpu(const at::Tensor& tensor, const at::Tensor& indices,
+                                     const at::Tensor& updates, bool check_bounds) {
+  return scatter_add_op("tensor_scatter_nd_add", &tensor, indices, updates, tensor.sizes(), check_bounds,
+                        scatter_into_cpu);
+}
+
+at::Tensor gather_nd_cpu(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
+  return gather_op(params, indices, check_bounds, gather_into_cpu);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, CPU, m) {
+  m.impl("scatter_nd", &scatter_nd_cpu);
+  m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_cpu);
+  m.impl("gather_nd", &gather_nd_cpu);
+}
+
+}  // namespace cpu
+}  // namespace torch_masked

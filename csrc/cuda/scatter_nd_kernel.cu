@@ -1,0 +1,361 @@
+// CUDA kernels for masked::scatter_nd, masked::tensor_scatter_nd_add and
+// masked::gather_nd.
+//
+// Scatter has two paths:
+// - atomic (the default): one thread per update element, atomically added
+//   to its destination; bool ORs, integers add exactly, so both stay on this
+//   path even in deterministic mode;
+// - sorted (floating and complex types when
+//   torch.are_deterministic_algorithms_enabled()): the index rows are
+//   stable-sorted by destination slot with CUB's radix sort, then the first
+//   row of each run of equal slots sums the run in index order, in the
+//   accumulation type, and adds the sum to the output. No atomics, the same
+//   bits on every run.
+//
+// Bounds: every kernel records the first index row out of bounds with an
+// atomicMin into one int64 on the device. With check_bounds the host reads
+// it after the scatter (one sync) and raises IndexError; rows out of bounds
+// are never written, so without check_bounds (no sync, safe in CUDA graphs)
+// they are simply dropped (gather writes zeros for them).
+#include "common.h"
+#include "scatter_nd_index.h"
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cub/cub.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace torch_masked {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+int64_t blocks_for(int64_t total) {
+  return std::min(kMaxBlocks, (total + kThreads - 1) / kThreads);
+}
+
+#define GRID_STRIDE_LOOP(t, total)                                                   \
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < (total); \
+       t += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+__device__ inline void note_bad_row(int64_t* first_bad, int64_t row) {
+  if (first_bad != nullptr) {
+    atomicMin(reinterpret_cast<long long*>(first_bad), static_cast<long long>(row));
+  }
+}
+
+// Adds v to a 1- or 2-byte value through a compare-and-swap on the aligned
+// 32-bit word that holds it.
+template <typename T>
+__device__ void atomic_add_in_word(T* address, T v) {
+  static_assert(sizeof(T) <= 2, "sub-word types only");
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(address);
+  unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
+  const unsigned int shift = static_cast<unsigned int>(addr & 3) * 8;
+  const unsigned int mask = ((1u << (sizeof(T) * 8)) - 1) << shift;
+  unsigned int old = *word;
+  unsigned int assumed;
+  do {
+    assumed = old;
+    const unsigned int bits = (assumed & mask) >> shift;
+    T current;
+    memcpy(&current, &bits, sizeof(T));  // little-endian: the low bytes
+    const T sum = static_cast<T>(current + v);
+    unsigned int sum_bits = 0;
+    memcpy(&sum_bits, &sum, sizeof(T));
+    old = atomicCAS(word, assumed, (assumed & ~mask) | (sum_bits << shift));
+  } while (assumed != old);
+}
+
+template <typename T>
+__device__ inline void atomic_accumulate(T* address, T v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    // OR the byte's 0/1 into its word.
+    if (v) {
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(address);
+      atomicOr(reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3}), 1u << ((addr & 3) * 8));
+    }
+  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, int32_t>) {
+    atomicAdd(address, v);
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    // Two's complement: an unsigned add is the signed add, wrapping alike.
+    atomicAdd(reinterpret_cast<unsigned long long*>(address), static_cast<unsigned long long>(v));
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    __half_raw raw;
+    raw.x = v.x;
+    atomicAdd(reinterpret_cast<__half*>(address), __half(raw));
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    atomic_add_in_word(address, v);
+#else
+    __nv_bfloat16_raw raw;
+    raw.x = v.x;
+    atomicAdd(reinterpret_cast<__nv_bfloat16*>(address), __nv_bfloat16(raw));
+#endif
+  } else if constexpr (std::is_same_v<T, c10::complex<float>> || std::is_same_v<T, c10::complex<double>>) {
+    using part_t = typename T::value_type;
+    atomicAdd(reinterpret_cast<part_t*>(address), v.real());
+    atomicAdd(reinterpret_cast<part_t*>(address) + 1, v.imag());
+  } else {
+    atomic_add_in_word(address, v);  // uint8, int8, int16
+  }
+}
+
+// The int64 on the device where kernels record the first index row out of
+// bounds (num_rows while there is none); absent without check_bounds.
+class FirstBadRow {
+ public:
+  FirstBadRow(bool check_bounds, const NdIndexGeometry& g, const at::Tensor& indices)
+      : num_rows_(g.num_rows),
+        flag_(check_bounds ? at::full({1}, g.num_rows, indices.options().dtype(at::kLong)) : at::Tensor()) {}
+
+  int64_t* device_ptr() const { return flag_.defined() ? flag_.mutable_data_ptr<int64_t>() : nullptr; }
+
+  // The host's one sync: raises IndexError if a kernel recorded a row.
+  void raise_if_any(const char* op, const at::Tensor& indices, at::IntArrayRef shape) const {
+    if (!flag_.defined()) {
+      return;
+    }
+    const int64_t bad = flag_.item<int64_t>();
+    if (bad < num_rows_) {
+      raise_out_of_bounds(op, indices, bad, shape);
+    }
+  }
+
+ private:
+  int64_t num_rows_;
+  at::Tensor flag_;
+};
+
+// One thread per update element.
+template <typename scalar_t, typename index_t>
+__global__ void scatter_atomic_kernel(NdIndexGeometry g, const index_t* indices, const scalar_t* updates,
+                                      scalar_t* out, int64_t total, int64_t* first_bad) {
+  GRID_STRIDE_LOOP(t, total) {
+    const int64_t row = t / g.slice_size;
+    const int64_t column = t - row * g.slice_size;
+    const int64_t slot = slot_of(g, indices + row * g.depth);
+    if (slot < 0) {
+      if (column == 0) {
+        note_bad_row(first_bad, row);
+      }
+      continue;
+    }
+    atomic_accumulate(out + slot * g.slice_size + column, updates[t]);
+  }
+}
+
+// One thread per index row: its slot as a sort key (rows out of bounds get
+// num_slots, after every real slot) and its row number as the value. With
+// keys == nullptr it only checks the bounds (slices of size 0).
+template <typename key_t, typename row_t, typename index_t>
+__global__ void slot_keys_kernel(NdIndexGeometry g, const index_t* indices, key_t* keys, row_t* rows,
+                                 int64_t* first_bad) {
+  GRID_STRIDE_LOOP(row, g.num_rows) {
+    int64_t slot = slot_of(g, indices + row * g.depth);
+    if (slot < 0) {
+      note_bad_row(first_bad, row);
+      slot = g.num_slots;
+    }
+    if (keys != nullptr) {
+      keys[row] = static_cast<key_t>(slot);
+      rows[row] = static_cast<row_t>(row);
+    }
+  }
+}
+
+// Only the bounds check, for slices of size 0 (nothing to move).
+template <typename index_t>
+void check_rows_only(const NdIndexGeometry& g, const index_t* indices, int64_t* first_bad, cudaStream_t stream) {
+  slot_keys_kernel<uint32_t, int32_t><<<blocks_for(g.num_rows), kThreads, 0, stream>>>(g, indices, nullptr, nullptr,
+                                                                                       first_bad);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// One thread per (sorted position, column); the first position of each run
+// of equal slots sums the run in order.
+template <typename scalar_t, typename key_t, typename row_t>
+__global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys,
+                                   const row_t* rows, const scalar_t* updates, scalar_t* out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  GRID_STRIDE_LOOP(t, num_rows * slice) {
+    const int64_t i = t / slice;
+    const int64_t column = t - i * slice;
+    const key_t key = keys[i];
+    if (key >= num_slots || (i > 0 && keys[i - 1] == key)) {
+      continue;
+    }
+    acc_t sum{};
+    for (int64_t j = i; j < num_rows && keys[j] == key; ++j) {
+      sum += static_cast<acc_t>(updates[static_cast<int64_t>(rows[j]) * slice + column]);
+    }
+    scalar_t* dst = out + static_cast<int64_t>(key) * slice + column;
+    *dst = static_cast<scalar_t>(static_cast<acc_t>(*dst) + sum);
+  }
+}
+
+// Keys and row numbers as narrow as the sizes allow: the sort moves half the
+// bytes with 32-bit ones.
+template <typename key_t, typename row_t, typename scalar_t, typename index_t>
+void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates, scalar_t* out,
+                    int64_t* first_bad, const at::TensorOptions& options, cudaStream_t stream) {
+  const int64_t n = g.num_rows;
+  at::Tensor keys = at::empty({2 * n * static_cast<int64_t>(sizeof(key_t))}, options.dtype(at::kByte));
+  at::Tensor rows = at::empty({2 * n * static_cast<int64_t>(sizeof(row_t))}, options.dtype(at::kByte));
+  key_t* keys_in = static_cast<key_t*>(keys.mutable_data_ptr());
+  key_t* keys_out = keys_in + n;
+  row_t* rows_in = static_cast<row_t*>(rows.mutable_data_ptr());
+  row_t* rows_out = rows_in + n;
+  slot_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, indices, keys_in, rows_in, first_bad);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Sort only the bits a key can use (num_slots itself included).
+  const key_t max_key = static_cast<key_t>(g.num_slots);
+  int end_bit = 1;
+  while (end_bit < static_cast<int>(sizeof(key_t) * 8) && (uint64_t{1} << end_bit) <= max_key) {
+    ++end_bit;
+  }
+  size_t temp_bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, rows_in, rows_out, n,
+                                                 0, end_bit, stream));
+  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.mutable_data_ptr(), temp_bytes, keys_in, keys_out, rows_in,
+                                                 rows_out, n, 0, end_bit, stream));
+  const int64_t total = n * g.slice_size;
+  segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, rows_out,
+                                                                 updates, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntArrayRef shape,
+                             const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
+                             bool check_bounds) {
+  const c10::cuda::CUDAGuard guard(updates.device());
+  at::Tensor output =
+      tensor != nullptr ? tensor->clone(at::MemoryFormat::Contiguous) : at::zeros(shape, updates.options());
+  if (g.num_rows == 0) {
+    return output;
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const FirstBadRow first_bad(check_bounds, g, indices);
+  int64_t* first_bad_ptr = first_bad.device_ptr();
+  const int64_t total = g.num_rows * g.slice_size;
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
+    const index_t* index_data = indices.const_data_ptr<index_t>();
+    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
+      const scalar_t* update_data = updates.const_data_ptr<scalar_t>();
+      scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
+      if (total == 0) {
+        check_rows_only(g, index_data, first_bad_ptr, stream);
+        return;
+      }
+      // Integer and bool sums do not depend on the order.
+      if constexpr (!std::is_integral_v<scalar_t>) {
+        if (deterministic) {
+          // Keys go up to num_slots (rows out of bounds).
+          if (g.num_slots < std::numeric_limits<uint32_t>::max() && g.num_rows <= std::numeric_limits<int32_t>::max()) {
+            scatter_sorted<uint32_t, int32_t>(g, index_data, update_data, out_data, first_bad_ptr, indices.options(),
+                                              stream);
+          } else {
+            scatter_sorted<uint64_t, int64_t>(g, index_data, update_data, out_data, first_bad_ptr, indices.options(),
+                                              stream);
+          }
+          return;
+        }
+      }
+      scatter_atomic_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, index_data, update_data, out_data,
+                                                                        total, first_bad_ptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  first_bad.raise_if_any(op, indices, shape);
+  return output;
+}
+
+// One thread per output element; rows out of bounds read as zeros.
+template <typename T, typename index_t>
+__global__ void gather_kernel(NdIndexGeometry g, const index_t* indices, const T* params, T* out, int64_t total,
+                              int64_t* first_bad) {
+  GRID_STRIDE_LOOP(t, total) {
+    const int64_t row = t / g.slice_size;
+    const int64_t column = t - row * g.slice_size;
+    const int64_t slot = slot_of(g, indices + row * g.depth);
+    if (slot < 0) {
+      if (column == 0) {
+        note_bad_row(first_bad, row);
+      }
+      out[t] = T{};
+    } else {
+      out[t] = params[slot * g.slice_size + column];
+    }
+  }
+}
+
+void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
+                      const NdIndexGeometry& g, bool check_bounds) {
+  if (g.num_rows == 0) {
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(output.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const FirstBadRow first_bad(check_bounds, g, indices);
+  int64_t* first_bad_ptr = first_bad.device_ptr();
+  const int64_t total = g.num_rows * g.slice_size;
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
+    const index_t* index_data = indices.const_data_ptr<index_t>();
+    if (total == 0) {
+      check_rows_only(g, index_data, first_bad_ptr, stream);
+      return;
+    }
+    dispatch_by_element_size("gather_nd", params.element_size(), [&](auto tag) {
+      using T = decltype(tag);
+      gather_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, index_data,
+                                                                static_cast<const T*>(params.const_data_ptr()),
+                                                                static_cast<T*>(output.mutable_data_ptr()), total,
+                                                                first_bad_ptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  first_bad.raise_if_any("gather_nd", indices, params.sizes());
+}
+
+at::Tensor scatter_nd_cuda(const at::Tensor& indices, const at::Tensor& updates, at::IntArrayRef shape,
+                           bool check_bounds) {
+  return scatter_add_op("scatter_nd", nullptr, indices, updates, shape, check_bounds, scatter_into_cuda);
+}
+
+at::Tensor tensor_scatter_nd_add_cuda(const at::Tensor& tensor, const at::Tensor& indices,
+                                      const at::Tensor& updates, bool check_bounds) {
+  return scatter_add_op("tensor_scatter_nd_add", &tensor, indices, updates, tensor.sizes(), check_bounds,
+                        scatter_into_cuda);
+}
+
+at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
+  return gather_op(params, indices, check_bounds, gather_into_cuda);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, CUDA, m) {
+  m.impl("scatter_nd", &scatter_nd_cuda);
+  m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_cuda);
+  m.impl("gather_nd", &gather_nd_cuda);
+}
+
+}  // namespace cuda
+}  // namespace torch_masked

@@ -1,0 +1,198 @@
+// Index math shared by the CPU and CUDA kernels of masked::scatter_nd,
+// masked::gather_nd and masked::tensor_scatter_nd_add.
+//
+// The indices are N rows of K entries (N = prod(indices.shape[:-1]),
+// K = indices.shape[-1]). Row n picks a "slot" of the target of shape `shape`:
+// the slice target[idx[0], ..., idx[K-1]], S = prod(shape[K:]) contiguous
+// elements starting at element slot * S, with slot = dot(idx, slot_strides)
+// and M = prod(shape[:K]) slots in all.
+#pragma once
+
+#include "common.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/irange.h>
+
+#include <cstdint>
+#include <sstream>
+#include <vector>
+
+namespace torch_masked {
+
+// The deepest index the kernels take (the size of the geometry's arrays,
+// which travel to the GPU as a kernel argument). ATen's own limit for
+// indexing kernels.
+constexpr int64_t kMaxIndexDepth = 25;
+
+struct NdIndexGeometry {
+  int64_t depth = 0;                          // K
+  int64_t slot_sizes[kMaxIndexDepth] = {};    // shape[:K]
+  int64_t slot_strides[kMaxIndexDepth] = {};  // prod(shape[j+1:K]), in slots
+  int64_t num_slots = 1;                      // M
+  int64_t slice_size = 1;                     // S
+  int64_t num_rows = 0;                       // N
+};
+
+// The slot that index row `row` (K entries) picks, or -1 when an entry is
+// negative or not below its dimension's size. kDepthOne: K == 1, known at
+// compile time (the common case, and a tighter loop).
+template <bool kDepthOne = false, typename index_t>
+C10_HOST_DEVICE inline int64_t slot_of(const NdIndexGeometry& g, const index_t* row) {
+  if constexpr (kDepthOne) {
+    const int64_t v = static_cast<int64_t>(row[0]);
+    return static_cast<uint64_t>(v) < static_cast<uint64_t>(g.slot_sizes[0]) ? v : -1;
+  } else {
+    // Unsigned: a negative entry is too large as well, and the sum of a bad
+    // row (thrown away) wraps instead of overflowing.
+    uint64_t slot = 0;
+    bool in_range = true;
+    for (int64_t j = 0; j < g.depth; ++j) {
+      const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(row[j]));
+      in_range &= v < static_cast<uint64_t>(g.slot_sizes[j]);
+      slot += v * static_cast<uint64_t>(g.slot_strides[j]);
+    }
+    return in_range ? static_cast<int64_t>(slot) : -1;
+  }
+}
+
+// "torch.float32", as Python prints the dtype.
+inline std::string dtype_name(at::ScalarType dtype) {
+  return "torch." + std::string(c10::getDtypeNames(dtype).first);
+}
+
+// Checks indices (dtype, rank, depth) against the target shape and returns
+// the geometry. torch_masked/ops/scatter_nd.py:_geometry prints the same words.
+inline NdIndexGeometry make_geometry(const char* op, const at::Tensor& indices, at::IntArrayRef shape,
+                                     const char* shape_name) {
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
+                   ": expected indices of dtype torch.int32 or torch.int64, got ",
+                   dtype_name(indices.scalar_type()));
+  TORCH_CHECK(indices.dim() >= 1, op, ": expected indices with at least one dimension, got a 0-d tensor");
+  const int64_t depth = indices.size(-1);
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  TORCH_CHECK(depth <= rank, op, ": expected indices.shape[-1] <= len(", shape_name, ") = ", rank,
+              ", got indices of shape ", indices.sizes(), " for ", shape_name, " ", shape);
+  TORCH_CHECK(depth <= kMaxIndexDepth, op, ": expected indices.shape[-1] <= ", kMaxIndexDepth, ", got ",
+              depth);
+  NdIndexGeometry g;
+  g.depth = depth;
+  g.num_rows = c10::multiply_integers(indices.sizes().slice(0, indices.dim() - 1));
+  for (int64_t j = rank - 1; j >= 0; --j) {
+    TORCH_CHECK(shape[j] >= 0, op, ": expected non-negative sizes in ", shape_name, ", got ", shape);
+    if (j >= depth) {
+      g.slice_size *= shape[j];
+    } else {
+      g.slot_sizes[j] = shape[j];
+      g.slot_strides[j] = g.num_slots;
+      g.num_slots *= shape[j];
+    }
+  }
+  return g;
+}
+
+// indices.shape[:-1] + shape[K:]: the shape of the updates of a scatter and
+// of the result of a gather.
+inline std::vector<int64_t> rows_shape(const at::Tensor& indices, at::IntArrayRef shape) {
+  std::vector<int64_t> out(indices.sizes().begin(), indices.sizes().end() - 1);
+  out.insert(out.end(), shape.begin() + indices.size(-1), shape.end());
+  return out;
+}
+
+// The IndexError for index row `row`, found out of bounds. `indices` may live
+// on any device; only the offending row is read back.
+[[noreturn]] inline void raise_out_of_bounds(const char* op, const at::Tensor& indices, int64_t row,
+                                             at::IntArrayRef shape) {
+  const int64_t depth = indices.size(-1);
+  const at::Tensor values = indices.reshape({-1, depth}).select(0, row).to(at::kCPU, at::kLong);
+  std::ostringstream where;  // the row's position in indices.shape[:-1]
+  where << "indices[";
+  const auto batch = indices.sizes().slice(0, indices.dim() - 1);
+  std::vector<int64_t> position(batch.size());
+  for (int64_t d = static_cast<int64_t>(batch.size()) - 1, rest = row; d >= 0; --d) {
+    position[d] = rest % batch[d];
+    rest /= batch[d];
+  }
+  for (const auto d : c10::irange(position.size())) {
+    where << (d ? ", " : "") << position[d];
+  }
+  where << "]";
+  int64_t bad_dim = -1;
+  std::ostringstream index;
+  index << "[";
+  for (const auto j : c10::irange(depth)) {
+    const int64_t v = values.data_ptr<int64_t>()[j];
+    index << (j ? ", " : "") << v;
+    if ((v < 0 || v >= shape[j]) && bad_dim < 0) {
+      bad_dim = j;
+    }
+  }
+  index << "]";
+  TORCH_CHECK_INDEX(false, op, ": expected every index within shape ", shape, ", got ", index.str(), " at ",
+                    where.str(), " (", values.data_ptr<int64_t>()[bad_dim], " is out of range for dimension ",
+                    bad_dim, " of size ", shape[bad_dim], ")");
+}
+
+// Updates (and tensor, for tensor_scatter_nd_add) dtypes the adding kernels
+// take: bool, the integer types torch.index_put_ takes, half, bfloat16,
+// float, double and complex.
+inline bool is_addable(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong:
+    case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// scatter_into(op, tensor, shape, indices, updates, geometry, check_bounds)
+// returns a new contiguous tensor of `shape`: `tensor` (zeros when null) plus
+// the updates; `indices` and `updates` are contiguous. It raises via
+// raise_out_of_bounds when check_bounds is set, else drops rows that are out
+// of bounds.
+template <typename ScatterInto>
+at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Tensor& indices,
+                          const at::Tensor& updates, at::IntArrayRef shape, bool check_bounds,
+                          const ScatterInto& scatter_into) {
+  if (tensor != nullptr) {
+    check_same_device(op, {{"tensor", tensor}, {"indices", &indices}, {"updates", &updates}});
+  } else {
+    check_same_device(op, {{"indices", &indices}, {"updates", &updates}});
+  }
+  const NdIndexGeometry g = make_geometry(op, indices, shape, tensor != nullptr ? "tensor.shape" : "shape");
+  TORCH_CHECK_TYPE(is_addable(updates.scalar_type()), op,
+                   ": expected updates of a numeric or bool dtype other than uint16/uint32/uint64, got ",
+                   dtype_name(updates.scalar_type()));
+  if (tensor != nullptr) {
+    TORCH_CHECK_TYPE(updates.scalar_type() == tensor->scalar_type(), op,
+                     ": expected updates of the dtype of tensor, ", dtype_name(tensor->scalar_type()),
+                     ", got ", dtype_name(updates.scalar_type()));
+  }
+  const std::vector<int64_t> expected = rows_shape(indices, shape);
+  TORCH_CHECK(updates.sizes() == at::IntArrayRef(expected), op,
+              ": expected updates of shape indices.shape[:-1] + ", tensor != nullptr ? "tensor.shape" : "shape",
+              "[K:] = ", at::IntArrayRef(expected), ", got updates of shape ", updates.sizes(),
+              " (indices of shape ", indices.sizes(), ")");
+  return scatter_into(op, tensor, shape, indices.contiguous(), updates.contiguous(), g, check_bounds);
+}
+
+// gather_into(output, params, indices, geometry, check_bounds) fills
+// `output` (contiguous, of shape indices.shape[:-1] + params.shape[K:]) from
+// contiguous `params` and `indices`, raising via raise_out_of_bounds when
+// check_bounds is set, else writing zeros for rows out of bounds.
+template <typename GatherInto>
+at::Tensor gather_op(const at::Tensor& params, const at::Tensor& indices, bool check_bounds,
+                     const GatherInto& gather_into) {
+  check_same_device("gather_nd", {{"params", &params}, {"indices", &indices}});
+  const NdIndexGeometry g = make_geometry("gather_nd", indices, params.sizes(), "params.shape");
+  at::Tensor output = at::empty(rows_shape(indices, params.sizes()), params.options());
+  gather_into(output, params.contiguous(), indices.contiguous(), g, check_bounds);
+  return output;
+}
+
+}  // namespace torch_masked

@@ -1,0 +1,486 @@
+"""masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add against
+ATen references (index_put_(accumulate=True), advanced indexing), NumPy's
+np.add.at and the tf.scatter_nd / tf.gather_nd reference examples."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import torch_masked
+from tests.common import ALL_DTYPES, DEVICES, non_contiguous
+
+INDEX_DTYPES = [torch.int32, torch.int64]
+# (shape, K) for every K from 0 to the rank of each shape.
+SHAPES_AND_DEPTHS = [(shape, k) for shape in [(5,), (4, 3), (3, 2, 4)] for k in range(len(shape) + 1)]
+BATCH_SHAPES = [(), (6,), (2, 3)]
+
+
+def wide_dtype(dtype):
+    """Where the reference sums: exact for integers and bool, float64/complex128 for floating types."""
+    if dtype.is_complex:
+        return torch.complex128
+    if dtype.is_floating_point:
+        return torch.float64
+    return torch.int64
+
+
+def tolerances(dtype):
+    if dtype in (torch.float16, torch.bfloat16):
+        return dict(rtol=1e-2, atol=1e-2)
+    return dict(rtol=1e-5, atol=1e-5)
+
+
+def small_values(shape, dtype, gen):
+    """Values small enough that sums of a few never overflow the narrow integer types."""
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) < 0.3
+    if dtype.is_complex:
+        return torch.complex(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)).to(dtype)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    low = 0 if dtype == torch.uint8 else -3
+    return torch.randint(low, 4, shape, generator=gen).to(dtype)
+
+
+def random_indices(batch, shape, k, gen, index_dtype=torch.int64, duplicates=True):
+    """Indices of shape batch + [k] within shape[:k]; `duplicates` draws from few
+    distinct rows so that most repeat."""
+    rows = int(np.prod(batch, dtype=np.int64))
+    columns = []
+    for j in range(k):
+        high = min(shape[j], 2) if duplicates else shape[j]
+        columns.append(torch.randint(0, high, (rows,), generator=gen))
+    flat = torch.stack(columns, dim=1) if k else torch.zeros(rows, 0, dtype=torch.int64)
+    return flat.reshape(*batch, k).to(index_dtype)
+
+
+def reference_scatter(indices, updates, shape, base=None):
+    """tensor_scatter_nd_add (scatter_nd when base is None) through index_put_(accumulate=True)."""
+    dtype = updates.dtype
+    k = indices.shape[-1]
+    rows = indices.reshape(int(np.prod(indices.shape[:-1], dtype=np.int64)), k).long().cpu()
+    values = updates.cpu().reshape(rows.shape[0], *shape[k:]).to(wide_dtype(dtype))
+    out = torch.zeros(shape, dtype=values.dtype) if base is None else base.cpu().to(values.dtype)
+    if k == 0:
+        out += values.sum(0)
+    else:
+        out.index_put_(tuple(rows.t()), values, accumulate=True)
+    return (out != 0) if dtype == torch.bool else out.to(dtype)
+
+
+def reference_gather(params, indices):
+    k = indices.shape[-1]
+    params, indices = params.cpu(), indices.cpu().long()
+    if k == 0:
+        return params.expand(*indices.shape[:-1], *params.shape).clone()
+    return params[tuple(indices[..., j] for j in range(k))]
+
+
+def assert_same(actual, expected, loose=False):
+    """Equal for integers and bool, close for floating types (`loose` for long float32 sums)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    actual = actual.cpu()
+    if expected.dtype.is_floating_point or expected.dtype.is_complex:
+        tol = tolerances(expected.dtype)
+        if loose:
+            tol = {name: max(value, 1e-3) for name, value in tol.items()}
+        torch.testing.assert_close(actual, expected, **tol)
+    else:
+        assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_values_every_depth_and_batch_rank(device, dtype, index_dtype):
+    gen = torch.Generator().manual_seed(1)
+    for (shape, k), batch, duplicates in itertools.product(SHAPES_AND_DEPTHS, BATCH_SHAPES, (True, False)):
+        indices = random_indices(batch, shape, k, gen, index_dtype, duplicates)
+        updates = small_values(list(batch) + list(shape[k:]), dtype, gen)
+        base = small_values(shape, dtype, gen)
+        indices_d, updates_d, base_d = indices.to(device), updates.to(device), base.to(device)
+        assert_same(torch_masked.scatter_nd(indices_d, updates_d, shape), reference_scatter(indices, updates, shape))
+        assert_same(
+            torch_masked.tensor_scatter_nd_add(base_d, indices_d, updates_d),
+            reference_scatter(indices, updates, shape, base),
+        )
+        assert_same(torch_masked.gather_nd(base_d, indices_d), reference_gather(base, indices))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_larger_inputs_match_references(device, dtype):
+    """Big enough that the CPU splits the work among threads (by slots, and by
+    columns when there are few slots)."""
+    gen = torch.Generator().manual_seed(2)
+    cases = [((50_000,), 1, 80_000), ((300, 700), 1, 900), ((1, 40_000), 1, 50), ((6, 7, 900), 2, 500), ((40, 900), 0, 30)]
+    for shape, k, rows in cases:
+        indices = random_indices((rows,), shape, k, gen, duplicates=False)
+        updates = small_values([rows] + list(shape[k:]), dtype, gen)
+        base = small_values(shape, dtype, gen)
+        indices_d, updates_d = indices.to(device), updates.to(device)
+        assert_same(torch_masked.scatter_nd(indices_d, updates_d, shape), reference_scatter(indices, updates, shape))
+        assert_same(
+            torch_masked.tensor_scatter_nd_add(base.to(device), indices_d, updates_d),
+            reference_scatter(indices, updates, shape, base),
+        )
+        assert_same(torch_masked.gather_nd(base.to(device), indices_d), reference_gather(base, indices))
+
+
+def test_cpu_sums_in_index_order_like_numpy_add_at():
+    """Each destination adds its updates in index order: float32 results are
+    bitwise np.add.at's, and bfloat16 ones are float32 sums rounded once."""
+    gen = torch.Generator().manual_seed(3)
+    n = 200_000
+    idx = torch.randint(0, 1000, (n,), generator=gen)
+    upd = torch.randn(n, generator=gen)
+    expected = np.zeros(1000, np.float32)
+    np.add.at(expected, idx.numpy(), upd.numpy())
+    # A row out of bounds, dropped with check_bounds=False.
+    bad_idx = torch.cat([idx[:5], torch.tensor([1000]), idx[5:]])
+    bad_upd = torch.cat([upd[:5], torch.tensor([7.0]), upd[5:]])
+    for threads in (1, 2, 4):  # one block, one block, two blocks
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            ours = torch_masked.scatter_nd(idx.unsqueeze(1), upd, [1000])
+            ours_bf16 = torch_masked.scatter_nd(idx.unsqueeze(1), upd.bfloat16(), [1000])
+            dropped = torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, [1000], check_bounds=False)
+            with pytest.raises(IndexError, match=r"got \[1000\] at indices\[5\]"):
+                torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, [1000])
+        finally:
+            torch.set_num_threads(previous)
+        assert torch.equal(ours, torch.from_numpy(expected))
+        assert torch.equal(dropped, ours)
+        expected_bf16 = np.zeros(1000, np.float32)
+        np.add.at(expected_bf16, idx.numpy(), upd.bfloat16().float().numpy())
+        assert torch.equal(ours_bf16, torch.from_numpy(expected_bf16).bfloat16())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.float64])
+def test_deterministic_mode_is_bitwise_reproducible(device, dtype):
+    gen = torch.Generator().manual_seed(4)
+    cases = [((1000,), 1, 100_000), ((50, 64), 1, 5000), ((20, 30), 2, 30_000), ((7, 5), 0, 2000)]
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for shape, k, rows in cases:
+            indices = random_indices((rows,), shape, k, gen, duplicates=False).to(device)
+            updates = small_values([rows] + list(shape[k:]), dtype, gen).to(device)
+            first = torch_masked.scatter_nd(indices, updates, shape)
+            second = torch_masked.scatter_nd(indices, updates, shape)
+            assert torch.equal(first, second)
+            assert_same(first, reference_scatter(indices, updates, shape), loose=True)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reference_page_examples(device):
+    indices = torch.tensor([[4], [3], [1], [7]], device=device)
+    updates = torch.tensor([9, 10, 11, 12], device=device)
+    assert torch_masked.scatter_nd(indices, updates, [8]).tolist() == [0, 11, 0, 10, 9, 0, 0, 12]
+
+    slices = [[5, 5, 5, 5], [6, 6, 6, 6], [7, 7, 7, 7], [8, 8, 8, 8]]
+    zeros = [[0] * 4] * 4
+    out = torch_masked.scatter_nd(
+        torch.tensor([[0], [2]], device=device), torch.tensor([slices, slices], device=device), torch.Size([4, 4, 4])
+    )
+    assert out.tolist() == [slices, zeros, slices, zeros]
+
+    # "identical to tensor_scatter_add(tf.zeros(shape, values.dtype), indices, values)"
+    base = torch.arange(1, 9, device=device)
+    assert torch_masked.tensor_scatter_nd_add(base, indices, updates).tolist() == [1, 13, 3, 14, 14, 6, 7, 20]
+    assert torch.equal(
+        torch_masked.tensor_scatter_nd_add(torch.zeros(8, dtype=torch.int64, device=device), indices, updates),
+        torch_masked.scatter_nd(indices, updates, (8,)),
+    )
+    # gather_nd, the inverse.
+    params = torch.tensor([[0, 1], [2, 3]], device=device)
+    assert torch_masked.gather_nd(params, torch.tensor([[0, 0], [1, 1]], device=device)).tolist() == [0, 3]
+    assert torch_masked.gather_nd(params, torch.tensor([[1], [0]], device=device)).tolist() == [[2, 3], [0, 1]]
+    assert torch_masked.gather_nd(out, torch.tensor([[2], [1]], device=device)).tolist() == [slices, zeros]
+
+
+def test_front_doors_take_python_lists():
+    assert torch_masked.scatter_nd([[4], [3], [1], [7]], [9, 10, 11, 12], [8]).tolist() == [0, 11, 0, 10, 9, 0, 0, 12]
+    assert torch_masked.scatter_nd([1, 0], 2.5, (2, 2)).tolist() == [[0.0, 0.0], [2.5, 0.0]]
+    assert torch_masked.scatter_nd(torch.tensor([[1]], dtype=torch.int32), [[1, 2]], torch.tensor([2, 2])).tolist() == [
+        [0, 0],
+        [1, 2],
+    ]
+    assert torch_masked.tensor_scatter_nd_add([1, 2, 3], [[0], [0]], [5, 6]).tolist() == [12, 2, 3]
+    assert torch_masked.gather_nd([[0, 1], [2, 3]], [[1, 0]]).tolist() == [2]
+    assert torch_masked.scatter_nd(torch.zeros(0, 1, dtype=torch.int64), [], [3]).tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rank1_indices_are_one_index_and_k0_adds_everywhere(device):
+    out = torch_masked.scatter_nd(torch.tensor([1, 2], device=device), torch.tensor(5.0, device=device), [3, 4])
+    expected = torch.zeros(3, 4)
+    expected[1, 2] = 5
+    assert torch.equal(out.cpu(), expected)
+    whole = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
+    k0 = torch.zeros(3, 0, dtype=torch.int64, device=device)
+    assert torch.equal(torch_masked.scatter_nd(k0, torch.stack([whole] * 3), [2, 2]).cpu(), 3 * whole.cpu())
+    assert torch.equal(torch_masked.gather_nd(whole, k0).cpu(), torch.stack([whole.cpu()] * 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bool_updates_or_together(device):
+    indices = torch.tensor([[0], [0], [2], [2]], device=device)
+    updates = torch.tensor([True, True, False, False], device=device)
+    assert torch_masked.scatter_nd(indices, updates, [4]).tolist() == [True, False, False, False]
+    base = torch.tensor([False, True, True, False], device=device)
+    assert torch_masked.tensor_scatter_nd_add(base, indices, updates).tolist() == [True, True, True, False]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_inputs(device):
+    def long(values, *shape):
+        return torch.tensor(values, dtype=torch.int64, device=device).reshape(*shape)
+
+    # No rows at all, into an empty dimension and into a non-empty tensor.
+    assert torch_masked.scatter_nd(long([], 0, 1), torch.zeros(0, 3, device=device), [0, 3]).shape == (0, 3)
+    assert torch.equal(torch_masked.scatter_nd(long([], 0, 2), torch.zeros(0, device=device), [3, 4]).cpu(), torch.zeros(3, 4))
+    assert torch_masked.gather_nd(torch.zeros(0, 3, device=device), long([], 0, 1)).shape == (0, 3)
+    # Valid indices whose slices are empty: nothing moves, nothing fails.
+    out = torch_masked.scatter_nd(long([1, 3], 2, 1), torch.zeros(2, 0, device=device), [4, 0])
+    assert out.shape == (4, 0)
+    assert torch_masked.gather_nd(torch.zeros(4, 0, device=device), long([1, 3], 2, 1)).shape == (2, 0)
+    assert torch_masked.tensor_scatter_nd_add(torch.zeros(4, 0, device=device), long([1, 3], 2, 1), torch.zeros(2, 0, device=device)).shape == (4, 0)
+    # ...but a bad index is still found.
+    with pytest.raises(IndexError, match=r"got \[4\] at indices\[1\] \(4 is out of range for dimension 0 of size 4\)"):
+        torch_masked.scatter_nd(long([1, 4], 2, 1), torch.zeros(2, 0, device=device), [4, 0])
+    with pytest.raises(IndexError, match=r"0 is out of range for dimension 0 of size 0"):
+        torch_masked.gather_nd(torch.zeros(0, 3, device=device), long([0], 1, 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_inputs(device):
+    gen = torch.Generator().manual_seed(5)
+    shape = (5, 4, 3)
+    indices = non_contiguous(random_indices((6, 2), shape, 2, gen).to(device))
+    updates = non_contiguous(torch.randn(6, 2, 3, generator=gen).to(device))
+    base = non_contiguous(torch.randn(shape, generator=gen).to(device))
+    expanded = torch.randn(1, 1, 3, generator=gen).to(device).expand(6, 2, 3)
+    transposed_base = torch.randn(3, 4, 5, generator=gen).to(device).transpose(0, 2)
+    assert not (indices.is_contiguous() or updates.is_contiguous() or base.is_contiguous())
+    for upd, tensor in [(updates, base), (expanded, transposed_base)]:
+        assert_same(torch_masked.scatter_nd(indices, upd, shape), reference_scatter(indices, upd, shape))
+        out = torch_masked.tensor_scatter_nd_add(tensor, indices, upd)
+        assert out.is_contiguous()
+        assert_same(out, reference_scatter(indices, upd, shape, tensor))
+        assert_same(torch_masked.gather_nd(tensor, indices), reference_gather(tensor, indices))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_bounds_is_an_index_error(device):
+    shape = [4, 3]
+    updates = torch.ones(3, device=device)
+    for bad, message in [
+        ([[0, 0], [4, 1], [5, 0]], r"got \[4, 1\] at indices\[1\] \(4 is out of range for dimension 0 of size 4\)"),
+        ([[0, 0], [1, 1], [2, -1]], r"got \[2, -1\] at indices\[2\] \(-1 is out of range for dimension 1 of size 3\)"),
+    ]:
+        message = r"expected every index within shape \[4, 3\], " + message
+        for index_dtype in INDEX_DTYPES:
+            indices = torch.tensor(bad, dtype=index_dtype, device=device)
+            with pytest.raises(IndexError, match="scatter_nd: " + message):
+                torch_masked.scatter_nd(indices, updates, shape)
+            with pytest.raises(IndexError, match="tensor_scatter_nd_add: " + message):
+                torch_masked.tensor_scatter_nd_add(torch.zeros(shape, device=device), indices, updates)
+            with pytest.raises(IndexError, match="gather_nd: " + message):
+                torch_masked.gather_nd(torch.zeros(shape, device=device), indices)
+    # The position is in indices.shape[:-1] coordinates; the first bad row is named.
+    indices = torch.tensor([[[0], [1]], [[9], [-2]]], device=device)
+    with pytest.raises(IndexError, match=r"got \[9\] at indices\[1, 0\]"):
+        torch_masked.scatter_nd(indices, torch.ones(2, 2, device=device), [3])
+    # The device (and the CUDA context) is fine afterwards.
+    assert torch_masked.scatter_nd(torch.tensor([[1]], device=device), torch.ones(1, device=device), [3]).tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_bounds_false_drops_bad_rows(device):
+    indices = torch.tensor([[1], [7], [-1], [2], [1]], device=device)
+    updates = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], device=device)
+    assert torch_masked.scatter_nd(indices, updates, [3], check_bounds=False).tolist() == [0.0, 6.0, 4.0]
+    assert torch.ops.masked.tensor_scatter_nd_add(
+        torch.ones(3, device=device), indices, updates, check_bounds=False
+    ).tolist() == [1.0, 7.0, 5.0]
+    params = torch.tensor([10.0, 11.0, 12.0], device=device)
+    assert torch_masked.gather_nd(params, indices, check_bounds=False).tolist() == [11.0, 0.0, 0.0, 12.0, 11.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shape_and_dtype_errors(device):
+    idx = torch.tensor([[0], [1]], device=device)
+    upd = torch.ones(2, device=device)
+    with pytest.raises(TypeError, match=r"scatter_nd: expected indices of dtype torch.int32 or torch.int64, got torch.float32"):
+        torch_masked.scatter_nd(idx.float(), upd, [3])
+    with pytest.raises(TypeError, match=r"gather_nd: expected indices of dtype .* got torch.float32"):
+        torch_masked.gather_nd(upd, [[0.0], [1.0]])
+    with pytest.raises(RuntimeError, match=r"expected indices with at least one dimension, got a 0-d tensor"):
+        torch_masked.scatter_nd(torch.tensor(1, device=device), upd, [3])
+    with pytest.raises(RuntimeError, match=r"scatter_nd: expected indices.shape\[-1\] <= len\(shape\) = 1, got indices "
+                                           r"of shape \[2, 2\] for shape \[3\]"):
+        torch_masked.scatter_nd(torch.zeros(2, 2, dtype=torch.int64, device=device), upd, [3])
+    with pytest.raises(RuntimeError, match=r"gather_nd: expected indices.shape\[-1\] <= len\(params.shape\) = 1"):
+        torch_masked.gather_nd(upd, torch.zeros(2, 2, dtype=torch.int64, device=device))
+    with pytest.raises(RuntimeError, match=r"scatter_nd: expected updates of shape indices.shape\[:-1\] \+ shape\[K:\] = "
+                                           r"\[2, 4\], got updates of shape \[2\] \(indices of shape \[2, 1\]\)"):
+        torch_masked.scatter_nd(idx, upd, [3, 4])
+    with pytest.raises(RuntimeError, match=r"tensor_scatter_nd_add: expected updates of shape indices.shape\[:-1\] \+ "
+                                           r"tensor.shape\[K:\] = \[2\], got updates of shape \[3\]"):
+        torch_masked.tensor_scatter_nd_add(torch.zeros(3, device=device), idx, torch.ones(3, device=device))
+    with pytest.raises(TypeError, match=r"expected updates of the dtype of tensor, torch.float64, got torch.float32"):
+        torch_masked.tensor_scatter_nd_add(torch.zeros(3, dtype=torch.float64, device=device), idx, upd)
+    with pytest.raises(RuntimeError, match=r"scatter_nd: expected non-negative sizes in shape, got \[3, -1\]"):
+        torch.ops.masked.scatter_nd(idx, torch.ones(2, 0, device=device), [3, -1])
+    with pytest.raises(TypeError, match=r"expected updates of a numeric or bool dtype other than uint16/uint32/uint64"):
+        torch_masked.scatter_nd(idx, upd.to(torch.uint16), [3])
+
+
+@pytest.mark.cuda
+def test_devices_must_match():
+    idx = torch.tensor([[0]])
+    with pytest.raises(RuntimeError, match=r"scatter_nd: expected all tensors on one device, got indices on cpu, "
+                                           r"updates on cuda:0"):
+        torch.ops.masked.scatter_nd(idx, torch.ones(1, device="cuda"), [2])
+    with pytest.raises(RuntimeError, match=r"gather_nd: expected all tensors on one device"):
+        torch.ops.masked.gather_nd(torch.ones(2, device="cuda"), idx)
+    with pytest.raises(RuntimeError, match=r"tensor_scatter_nd_add: expected all tensors on one device"):
+        torch.ops.masked.tensor_scatter_nd_add(torch.ones(2), idx.cuda(), torch.ones(1))
+
+
+@pytest.mark.cuda
+def test_check_bounds_false_captures_in_a_cuda_graph():
+    indices = torch.tensor([[1], [9], [1]], device="cuda")
+    updates = torch.tensor([1.0, 2.0, 3.0], device="cuda")
+    params = torch.arange(3.0, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the capture
+        torch_masked.scatter_nd(indices, updates, [3], check_bounds=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scattered = torch_masked.scatter_nd(indices, updates, [3], check_bounds=False)
+        gathered = torch_masked.gather_nd(params, indices, check_bounds=False)
+    updates.copy_(torch.tensor([10.0, 20.0, 30.0]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert scattered.tolist() == [0.0, 40.0, 0.0]
+    assert gathered.tolist() == [1.0, 0.0, 1.0]
+
+
+def sample_inputs(device, requires_grad):
+    """(op, args, kwargs) for opcheck, covering element and slice updates, K = 0, int32 indices and empty inputs."""
+    gen = torch.Generator().manual_seed(6)
+    float_dtype = torch.float64 if requires_grad else torch.float32
+
+    def floats(*shape):
+        return torch.randn(shape, generator=gen, dtype=float_dtype).to(device).requires_grad_(requires_grad)
+
+    def ints(high, *shape, dtype=torch.int64):
+        return torch.randint(0, high, shape, generator=gen).to(device=device, dtype=dtype)
+
+    ops = torch.ops.masked
+    return [
+        (ops.scatter_nd.default, (ints(5, 7, 1), floats(7), [5]), {}),
+        (ops.scatter_nd.default, (ints(3, 2, 4, 2, dtype=torch.int32), floats(2, 4, 5), [3, 3, 5]), {}),
+        (ops.scatter_nd.default, (torch.zeros(3, 0, dtype=torch.int64, device=device), floats(3, 2, 2), [2, 2]), {}),
+        (ops.scatter_nd.default, (ints(4, 0, 1), floats(0, 3), [4, 3]), {"check_bounds": False}),
+        (ops.gather_nd.default, (floats(5, 3), ints(5, 6, 1)), {}),
+        (ops.gather_nd.default, (floats(4, 3, 2), ints(3, 2, 2, 2, dtype=torch.int32)), {}),
+        (ops.gather_nd.default, (floats(4), ints(4, 1)), {"check_bounds": False}),
+        (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(4, 5, 1), floats(5, 3)), {}),
+        (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(3, 6, 2), floats(6)), {}),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(device, requires_grad):
+    for op, args, kwargs in sample_inputs(device, requires_grad):
+        torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_and_gradgradcheck(device):
+    gen = torch.Generator().manual_seed(7)
+    indices = torch.tensor([[0, 1], [2, 0], [0, 1], [1, 1]], device=device)  # a duplicate
+    updates = torch.randn(4, 3, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+    tensor = torch.randn(3, 2, 3, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+    funcs = [
+        (lambda u: torch_masked.scatter_nd(indices, u, [3, 2, 3]), (updates,)),
+        (lambda p: torch_masked.gather_nd(p, indices), (tensor,)),
+        (lambda t, u: torch_masked.tensor_scatter_nd_add(t, indices, u), (tensor, updates)),
+    ]
+    for fn, inputs in funcs:
+        assert torch.autograd.gradcheck(fn, inputs)
+        assert torch.autograd.gradgradcheck(fn, inputs)
+
+
+def embedding_step(weight, ids, targets, bias_rows):
+    """An embedding lookup (gather_nd; its gradient is the scatter_nd
+    accumulation of row gradients) plus a scattered bias."""
+    rows = torch_masked.gather_nd(weight, ids.unsqueeze(-1))
+    shifted = torch_masked.tensor_scatter_nd_add(rows, bias_rows.unsqueeze(-1), torch.ones_like(rows[: bias_rows.shape[0]]))
+    counts = torch_masked.scatter_nd(ids.unsqueeze(-1), torch.ones_like(ids, dtype=weight.dtype), [weight.shape[0]])
+    return ((shifted - targets) ** 2).sum() + counts.sum() * 0.0
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_training_step(dynamic):
+    torch._dynamo.reset()
+    compiled = torch.compile(embedding_step, fullgraph=True, dynamic=dynamic)
+    gen = torch.Generator().manual_seed(8)
+    for vocab, batch in [(10, 16), (13, 21)]:
+        weight = torch.randn(vocab, 4, generator=gen, requires_grad=True)
+        ids = torch.randint(0, vocab, (batch,), generator=gen)
+        targets = torch.randn(batch, 4, generator=gen)
+        bias_rows = torch.randint(0, batch, (5,), generator=gen)
+        expected_loss = embedding_step(weight, ids, targets, bias_rows)
+        (expected_grad,) = torch.autograd.grad(expected_loss, weight)
+        loss = compiled(weight, ids, targets, bias_rows)
+        loss.backward()
+        torch.testing.assert_close(loss, expected_loss)
+        torch.testing.assert_close(weight.grad, expected_grad)
+
+
+def bad_calls():
+    """Calls that fail before any data is read, so the fake kernels must fail alike."""
+    ops = torch.ops.masked
+    idx = torch.tensor([[0], [1]])
+    upd = torch.ones(2)
+    return [
+        (ops.scatter_nd.default, (idx.float(), upd, [3])),
+        (ops.scatter_nd.default, (torch.tensor(1), upd, [3])),
+        (ops.scatter_nd.default, (torch.zeros(2, 2, dtype=torch.int64), upd, [3])),
+        (ops.scatter_nd.default, (torch.zeros(1, 26, dtype=torch.int64), torch.ones(1), [1] * 26)),
+        (ops.scatter_nd.default, (idx, upd, [3, 4])),
+        (ops.scatter_nd.default, (idx, torch.ones(2, 0), [3, -1])),
+        (ops.scatter_nd.default, (idx, upd.to(torch.uint32), [3])),
+        (ops.tensor_scatter_nd_add.default, (torch.zeros(3, dtype=torch.float64), idx, upd)),
+        (ops.tensor_scatter_nd_add.default, (torch.zeros(3), idx, torch.ones(3))),
+        (ops.gather_nd.default, (upd, torch.zeros(2, 2, dtype=torch.int64))),
+        (ops.gather_nd.default, (upd, idx.double())),
+    ]
+
+
+@pytest.mark.parametrize("call", range(len(bad_calls())))
+def test_fake_kernels_fail_like_the_real_ones(call):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op, args = bad_calls()[call]
+    with pytest.raises(Exception) as real:
+        op(*args)
+    with FakeTensorMode() as mode:
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        with pytest.raises(Exception) as fake:
+            op(*fake_args)
+    assert type(fake.value) is type(real.value)
+    assert str(real.value).splitlines()[0] in str(fake.value)

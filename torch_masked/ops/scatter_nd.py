@@ -1,0 +1,215 @@
+"""masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add: fake
+kernels, autograd formulas and the front doors ``torch_masked.scatter_nd``,
+``gather_nd`` and ``tensor_scatter_nd_add``.
+
+Each backward is one of the other two ops (scatter <-> gather), so double
+backward and compiled backward need nothing more. Backward calls pass
+``check_bounds=False``: the forward call already checked the same indices
+(autograd's version counter guards them against in-place changes), and the
+backward then costs no device sync.
+"""
+import torch
+
+from ._checks import check, check_same_device
+
+# csrc/scatter_nd_index.h:kMaxIndexDepth
+MAX_INDEX_DEPTH = 25
+# csrc/scatter_nd_index.h:is_addable
+ADDABLE_DTYPES = {
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+}
+
+
+def _shape_str(shape):
+    """A shape as C++ prints an IntArrayRef: [2, 3]."""
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _check_indices(op, indices, shape, shape_name):
+    """csrc/scatter_nd_index.h:make_geometry. Returns K."""
+    torch._check_type(
+        indices.dtype in (torch.int32, torch.int64),
+        lambda: f"{op}: expected indices of dtype torch.int32 or torch.int64, got {indices.dtype}",
+    )
+    check(indices.dim() >= 1, op, "expected indices with at least one dimension, got a 0-d tensor")
+    depth = indices.shape[-1]
+    check(
+        depth <= len(shape),
+        op,
+        f"expected indices.shape[-1] <= len({shape_name}) = {len(shape)}, got indices of shape "
+        f"{_shape_str(indices.shape)} for {shape_name} {_shape_str(shape)}",
+    )
+    check(depth <= MAX_INDEX_DEPTH, op, f"expected indices.shape[-1] <= {MAX_INDEX_DEPTH}, got {depth}")
+    for size in shape:
+        check(size >= 0, op, f"expected non-negative sizes in {shape_name}, got {_shape_str(shape)}")
+    return depth
+
+
+def _rows_shape(indices, shape, depth):
+    """indices.shape[:-1] + shape[K:]"""
+    return list(indices.shape[:-1]) + list(shape[depth:])
+
+
+def _check_scatter(op, tensor, indices, updates, shape):
+    """csrc/scatter_nd_index.h:scatter_add_op."""
+    shape_name = "shape" if tensor is None else "tensor.shape"
+    if tensor is None:
+        check_same_device(op, indices=indices, updates=updates)
+    else:
+        check_same_device(op, tensor=tensor, indices=indices, updates=updates)
+    depth = _check_indices(op, indices, shape, shape_name)
+    torch._check_type(
+        updates.dtype in ADDABLE_DTYPES,
+        lambda: f"{op}: expected updates of a numeric or bool dtype other than uint16/uint32/uint64, "
+        f"got {updates.dtype}",
+    )
+    if tensor is not None:
+        torch._check_type(
+            updates.dtype == tensor.dtype,
+            lambda: f"{op}: expected updates of the dtype of tensor, {tensor.dtype}, got {updates.dtype}",
+        )
+    expected = _rows_shape(indices, shape, depth)
+    check(
+        updates.dim() == len(expected) and all(a == b for a, b in zip(updates.shape, expected)),
+        op,
+        f"expected updates of shape indices.shape[:-1] + {shape_name}[K:] = {_shape_str(expected)}, got "
+        f"updates of shape {_shape_str(updates.shape)} (indices of shape {_shape_str(indices.shape)})",
+    )
+
+
+@torch.library.register_fake("masked::scatter_nd")
+def _scatter_nd_fake(indices, updates, shape, *, check_bounds=True):
+    _check_scatter("scatter_nd", None, indices, updates, shape)
+    return updates.new_empty(shape)
+
+
+@torch.library.register_fake("masked::tensor_scatter_nd_add")
+def _tensor_scatter_nd_add_fake(tensor, indices, updates, *, check_bounds=True):
+    _check_scatter("tensor_scatter_nd_add", tensor, indices, updates, tensor.shape)
+    return tensor.new_empty(tensor.shape)
+
+
+@torch.library.register_fake("masked::gather_nd")
+def _gather_nd_fake(params, indices, *, check_bounds=True):
+    check_same_device("gather_nd", params=params, indices=indices)
+    depth = _check_indices("gather_nd", indices, params.shape, "params.shape")
+    return params.new_empty(_rows_shape(indices, params.shape, depth))
+
+
+def _gather_unchecked(grad, indices):
+    return torch.ops.masked.gather_nd.default(grad, indices, check_bounds=False)
+
+
+def _scatter_nd_setup(ctx, inputs, keyword_only_inputs, output):
+    indices, _, _ = inputs
+    ctx.save_for_backward(indices)
+
+
+def _scatter_nd_backward(ctx, grad):
+    (indices,) = ctx.saved_tensors
+    grad_updates = _gather_unchecked(grad, indices) if ctx.needs_input_grad[1] else None
+    return None, grad_updates, None
+
+
+def _tensor_scatter_nd_add_setup(ctx, inputs, keyword_only_inputs, output):
+    _, indices, _ = inputs
+    ctx.save_for_backward(indices)
+
+
+def _tensor_scatter_nd_add_backward(ctx, grad):
+    (indices,) = ctx.saved_tensors
+    grad_updates = _gather_unchecked(grad, indices) if ctx.needs_input_grad[2] else None
+    return grad, None, grad_updates
+
+
+def _gather_nd_setup(ctx, inputs, keyword_only_inputs, output):
+    params, indices = inputs
+    ctx.params_shape = params.shape
+    ctx.save_for_backward(indices)
+
+
+def _gather_nd_backward(ctx, grad):
+    (indices,) = ctx.saved_tensors
+    grad_params = None
+    if ctx.needs_input_grad[0]:
+        grad_params = torch.ops.masked.scatter_nd.default(indices, grad, ctx.params_shape, check_bounds=False)
+    return grad_params, None
+
+
+torch.library.register_autograd(
+    "masked::scatter_nd", _scatter_nd_backward, setup_context=_scatter_nd_setup
+)
+torch.library.register_autograd(
+    "masked::tensor_scatter_nd_add", _tensor_scatter_nd_add_backward, setup_context=_tensor_scatter_nd_add_setup
+)
+torch.library.register_autograd("masked::gather_nd", _gather_nd_backward, setup_context=_gather_nd_setup)
+
+
+def _as_tensor(value, device, dtype=None):
+    """A tensor unchanged (so that a wrong dtype or device is still refused by
+    the op); a Python number or (nested) list made into one on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.as_tensor(value, dtype=dtype, device=device)
+
+
+def _as_index_tensor(indices, device):
+    """Indices given as a (nested) list become an int64 tensor; a list of
+    floats stays float, so that the op refuses it."""
+    if isinstance(indices, torch.Tensor):
+        return indices
+    indices = torch.as_tensor(indices, device=device)
+    if indices.numel() == 0 and indices.is_floating_point():
+        indices = indices.long()
+    return indices
+
+
+def _device_of(*values):
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+
+
+def _dtype_of(value):
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def _call(op, check_bounds, *args):
+    # The keyword only when it is not the default: keywords slow the call down.
+    return op(*args) if check_bounds else op(*args, check_bounds=False)
+
+
+def scatter_nd(indices, updates, shape, *, check_bounds=True):
+    """A new tensor of ``shape``, zero, plus ``updates`` added at ``indices``
+    (``tf.scatter_nd``). ``indices`` is int32/int64 of shape ``[..., K]``,
+    ``updates`` of shape ``indices.shape[:-1] + shape[K:]``; duplicate indices
+    add up (bool updates OR together). An index out of bounds is an
+    IndexError; with ``check_bounds=False`` (no device sync, e.g. inside a
+    CUDA graph) such rows are dropped instead. Lists are accepted for
+    ``indices``, ``updates`` and ``shape``."""
+    if not (isinstance(indices, torch.Tensor) and isinstance(updates, torch.Tensor)):
+        device = _device_of(indices, updates)
+        indices = _as_index_tensor(indices, device)
+        updates = _as_tensor(updates, indices.device)
+    if isinstance(shape, torch.Tensor):
+        shape = shape.tolist()
+    return _call(torch.ops.masked.scatter_nd.default, check_bounds, indices, updates, shape)
+
+
+def tensor_scatter_nd_add(tensor, indices, updates, *, check_bounds=True):
+    """``tensor`` plus ``updates`` added at ``indices`` (out of place), as
+    ``tf.tensor_scatter_nd_add``; the rules of ``scatter_nd`` apply."""
+    if not all(isinstance(t, torch.Tensor) for t in (tensor, indices, updates)):
+        tensor = _as_tensor(tensor, _device_of(tensor, indices, updates), _dtype_of(updates))
+        indices = _as_index_tensor(indices, tensor.device)
+        updates = _as_tensor(updates, tensor.device, tensor.dtype)
+    return _call(torch.ops.masked.tensor_scatter_nd_add.default, check_bounds, tensor, indices, updates)
+
+
+def gather_nd(params, indices, *, check_bounds=True):
+    """The slices of ``params`` at ``indices`` (``tf.gather_nd``): shape
+    ``indices.shape[:-1] + params.shape[K:]``. An index out of bounds is an
+    IndexError; with ``check_bounds=False`` its rows are zeros instead."""
+    if not (isinstance(params, torch.Tensor) and isinstance(indices, torch.Tensor)):
+        params = _as_tensor(params, _device_of(params, indices))
+        indices = _as_index_tensor(indices, params.device)
+    return _call(torch.ops.masked.gather_nd.default, check_bounds, params, indices)
