@@ -12,7 +12,7 @@ from tests.common import ALL_DTYPES, DEVICES, non_contiguous
 
 INDEX_DTYPES = [torch.int32, torch.int64]
 # (shape, K) for every K from 0 to the rank of each shape.
-SHAPES_AND_DEPTHS = [(shape, k) for shape in [(5,), (4, 3), (3, 2, 4)] for k in range(len(shape) + 1)]
+SHAPES_AND_DEPTHS = [(shape, k) for shape in [(), (5,), (4, 3), (3, 2, 4)] for k in range(len(shape) + 1)]
 BATCH_SHAPES = [(), (6,), (2, 3)]
 
 
