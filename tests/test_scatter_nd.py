@@ -73,7 +73,7 @@ def reference_gather(params, indices):
     k = indices.shape[-1]
     params, indices = params.cpu(), indices.cpu().long()
     if k == 0:
-        return params.expand(*indices.shape[:-1], *params.shape).clone()
+        return params.expand(tuple(indices.shape[:-1]) + tuple(params.shape)).clone()
     return params[tuple(indices[..., j] for j in range(k))]
 
 
