@@ -12,7 +12,7 @@ from tests.common import ALL_DTYPES, DEVICES, non_contiguous
 
 INDEX_DTYPES = [torch.int32, torch.int64]
 # (shape, K) for every K from 0 to the rank of each shape.
-SHAPES_AND_DEPTHS = [(shape, k) for shape in [(5,), (4, 3), (3, 2, 4)] for k in range(len(shape) + 1)]
+SHAPES_AND_DEPTHS = [(shape, k) for shape in [(), (5,), (4, 3), (3, 2, 4)] for k in range(len(shape) + 1)]
 BATCH_SHAPES = [(), (6,), (2, 3)]
 
 
@@ -73,7 +73,7 @@ def reference_gather(params, indices):
     k = indices.shape[-1]
     params, indices = params.cpu(), indices.cpu().long()
     if k == 0:
-        return params.expand(*indices.shape[:-1], *params.shape).clone()
+        return params.expand(tuple(indices.shape[:-1]) + tuple(params.shape)).clone()
     return params[tuple(indices[..., j] for j in range(k))]
 
 
