@@ -61,7 +61,7 @@ def reference_scatter(indices, updates, shape, base=None):
     k = indices.shape[-1]
     rows = indices.reshape(int(np.prod(indices.shape[:-1], dtype=np.int64)), k).long().cpu()
     values = updates.cpu().reshape(rows.shape[0], *shape[k:]).to(wide_dtype(dtype))
-    out = torch.zeros(shape, dtype=values.dtype) if base is None else base.cpu().to(values.dtype)
+    out = torch.zeros(shape, dtype=values.dtype) if base is None else base.cpu().to(values.dtype, copy=True)
     if k == 0:
         out += values.sum(0)
     else:
