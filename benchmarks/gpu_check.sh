@@ -29,7 +29,7 @@ if ! TORCH_MASKED_CUDA=1 python3 setup.py build_ext --inplace > "$OUT/build.log"
 fi
 echo "built in ${SECONDS}s"
 
-python3 -m pytest tests -q -x -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
+python3 -m pytest tests -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
 tests_rc=$?
 grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
 echo "tests rc=${tests_rc} after ${SECONDS}s"

@@ -1,9 +1,10 @@
 // CUDA kernels for masked::nonzero, masked::nonzero_tuple and
-// masked::nonzero_static, built on CUB: a transform-reduce counts the
-// non-zero elements (nonzero's one host sync, to size its output), then a
-// stream compaction over the flat indices writes each selected index straight
-// into its output row as coordinates. nonzero_static skips the count: its
-// output size is known, so it never synchronises.
+// masked::nonzero_static, in two passes over tiles of the input: the first
+// counts each tile's non-zero elements and a scan turns the counts into each
+// tile's first output row; the second finds every thread's rows with a block
+// scan and writes the coordinates straight into them. nonzero reads the total
+// back to size its output (its one host sync); nonzero_static knows its size
+// and never synchronises.
 #include "common.h"
 
 #include <ATen/ops/empty.h>
@@ -15,8 +16,6 @@
 #include <torch/library.h>
 
 #include <cub/cub.cuh>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
 
 namespace torch_masked {
 namespace cuda {
@@ -35,72 +34,124 @@ struct IndexColumns {
   int64_t max_rows;
 };
 
-struct RowWriter {
-  IndexColumns out;
-  __device__ void operator()(int64_t row, int64_t flat) const {
-    if (row >= out.max_rows) {
-      return;
+// Each thread tests kItemsPerThread consecutive elements, loaded as 16-byte
+// vectors where the input is aligned, and keeps the answers as bit flags.
+constexpr int kThreads = 256;
+constexpr int kItemsPerThread = 16;
+constexpr int64_t kTile = int64_t{kThreads} * kItemsPerThread;
+
+template <typename T>
+union ThreadItems {
+  uint4 vectors[kItemsPerThread * sizeof(T) / sizeof(uint4)];
+  T items[kItemsPerThread];
+};
+
+// Bit u is set when element first + u is non-zero (elements past n are not).
+template <typename T>
+__device__ uint32_t nonzero_flags(const T* data, int64_t n, int64_t first, NonzeroBits<T> nonzero, bool aligned) {
+  ThreadItems<T> loaded;
+  if (aligned && first + kItemsPerThread <= n) {
+    const uint4* source = reinterpret_cast<const uint4*>(data + first);
+#pragma unroll
+    for (int v = 0; v < kItemsPerThread * static_cast<int>(sizeof(T)) / 16; ++v) {
+      loaded.vectors[v] = source[v];
     }
-    const int64_t offset = row * out.row_stride;
+  } else {
+#pragma unroll
+    for (int u = 0; u < kItemsPerThread; ++u) {
+      loaded.items[u] = first + u < n ? data[first + u] : T{};
+    }
+  }
+  uint32_t flags = 0;
+#pragma unroll
+  for (int u = 0; u < kItemsPerThread; ++u) {
+    flags |= static_cast<uint32_t>(nonzero(loaded.items[u])) << u;
+  }
+  return flags;
+}
+
+// counts[1 + tile] = the number of non-zero elements in the tile.
+template <typename T>
+__global__ void count_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonzero, bool aligned, int64_t* counts) {
+  using Reduce = cub::BlockReduce<int, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x * kItemsPerThread;
+  const int tile_count = Reduce(temp).Sum(__popc(nonzero_flags(data, n, first, nonzero, aligned)));
+  if (threadIdx.x == 0) {
+    counts[1 + blockIdx.x] = tile_count;
+  }
+}
+
+// Writes the coordinates of every non-zero element of the tile, in order,
+// from row starts[tile] on; rows at or past out.max_rows are dropped.
+template <typename T>
+__global__ void write_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonzero, bool aligned,
+                                   const int64_t* starts, IndexColumns out) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  const int64_t tile_start = starts[blockIdx.x];
+  if (tile_start >= out.max_rows) {
+    return;  // the whole block: nothing of this tile fits
+  }
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x * kItemsPerThread;
+  uint32_t flags = nonzero_flags(data, n, first, nonzero, aligned);
+  int offset = 0;
+  Scan(temp).ExclusiveSum(__popc(flags), offset);
+  for (int64_t row = tile_start + offset; flags != 0 && row < out.max_rows; ++row, flags &= flags - 1) {
+    int64_t flat = first + __ffs(flags) - 1;
+    const int64_t position = row * out.row_stride;
     for (int j = out.dims - 1; j >= 0; --j) {
-      out.columns[j][offset] = flat % out.sizes[j];
+      out.columns[j][position] = flat % out.sizes[j];
       flat /= out.sizes[j];
     }
   }
-};
-
-template <typename T>
-struct IsNonzeroAt {
-  const T* data;
-  NonzeroBits<T> nonzero;
-  __device__ bool operator()(int64_t i) const { return nonzero(data[i]); }
-};
-
-template <typename T>
-struct NonzeroAsCount {
-  NonzeroBits<T> nonzero;
-  __device__ int64_t operator()(const T& v) const { return nonzero(v) ? 1 : 0; }
-};
-
-at::Tensor scratch_bytes(size_t bytes, const at::Tensor& like) {
-  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
-// The number of non-zero elements, read back to the host (one sync).
-template <typename T>
-int64_t count_nonzero(const at::Tensor& input, NonzeroBits<T> nonzero, cudaStream_t stream) {
-  const T* data = static_cast<const T*>(input.const_data_ptr());
-  const at::Tensor count = at::empty({1}, input.options().dtype(at::kLong));
-  const auto reduce = [&](void* temp, size_t& bytes) {
-    return cub::DeviceReduce::TransformReduce(temp, bytes, data, count.data_ptr<int64_t>(), input.numel(),
-                                              ::cuda::std::plus<int64_t>{}, NonzeroAsCount<T>{nonzero},
-                                              int64_t{0}, stream);
-  };
-  size_t bytes = 0;
-  C10_CUDA_CHECK(reduce(nullptr, bytes));
-  const at::Tensor temp = scratch_bytes(bytes, input);
-  C10_CUDA_CHECK(reduce(temp.data_ptr(), bytes));
-  int64_t host_count = 0;
-  c10::cuda::memcpy_and_sync(&host_count, count.data_ptr<int64_t>(), sizeof(int64_t), cudaMemcpyDeviceToHost,
-                             stream);
-  return host_count;
+int64_t num_tiles(const at::Tensor& input) {
+  return (input.numel() + kTile - 1) / kTile;
 }
 
-// Compacts the flat indices of the non-zero elements, in order, into `out`.
+bool is_vector_aligned(const at::Tensor& input) {
+  return reinterpret_cast<uintptr_t>(input.const_data_ptr()) % sizeof(uint4) == 0;
+}
+
+// starts[tile] = the first output row of each tile; starts[tiles] = the total.
 template <typename T>
-void write_rows(const at::Tensor& input, NonzeroBits<T> nonzero, const IndexColumns& out, cudaStream_t stream) {
-  const T* data = static_cast<const T*>(input.const_data_ptr());
-  const at::Tensor selected = at::empty({1}, input.options().dtype(at::kLong));
-  const auto rows = thrust::make_tabulate_output_iterator(RowWriter{out});
-  const auto select = [&](void* temp, size_t& bytes) {
-    return cub::DeviceSelect::If(temp, bytes, thrust::counting_iterator<int64_t>(0), rows,
-                                 selected.data_ptr<int64_t>(), input.numel(), IsNonzeroAt<T>{data, nonzero},
-                                 stream);
+at::Tensor tile_starts(const at::Tensor& input, NonzeroBits<T> nonzero, cudaStream_t stream) {
+  const int64_t tiles = num_tiles(input);
+  const at::Tensor counts = at::empty({tiles + 1}, input.options().dtype(at::kLong));
+  const at::Tensor starts = at::empty({tiles + 1}, input.options().dtype(at::kLong));
+  int64_t* counts_data = counts.data_ptr<int64_t>();
+  int64_t* starts_data = starts.data_ptr<int64_t>();
+  C10_CUDA_CHECK(cudaMemsetAsync(counts_data, 0, sizeof(int64_t), stream));
+  count_tiles_kernel<<<tiles, kThreads, 0, stream>>>(static_cast<const T*>(input.const_data_ptr()), input.numel(),
+                                                     nonzero, is_vector_aligned(input), counts_data);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto scan = [&](void* temp, size_t& bytes) {
+    return cub::DeviceScan::InclusiveSum(temp, bytes, counts_data, starts_data, tiles + 1, stream);
   };
   size_t bytes = 0;
-  C10_CUDA_CHECK(select(nullptr, bytes));
-  const at::Tensor temp = scratch_bytes(bytes, input);
-  C10_CUDA_CHECK(select(temp.data_ptr(), bytes));
+  C10_CUDA_CHECK(scan(nullptr, bytes));
+  const at::Tensor temp = at::empty({static_cast<int64_t>(bytes)}, input.options().dtype(at::kByte));
+  C10_CUDA_CHECK(scan(temp.data_ptr(), bytes));
+  return starts;
+}
+
+// The total of tile_starts, read back to the host (nonzero's one sync).
+int64_t read_total(const at::Tensor& starts, cudaStream_t stream) {
+  int64_t total = 0;
+  c10::cuda::memcpy_and_sync(&total, starts.const_data_ptr<int64_t>() + starts.numel() - 1, sizeof(int64_t),
+                             cudaMemcpyDeviceToHost, stream);
+  return total;
+}
+
+template <typename T>
+void write_rows(const at::Tensor& input, NonzeroBits<T> nonzero, const at::Tensor& starts, const IndexColumns& out,
+                cudaStream_t stream) {
+  write_tiles_kernel<<<num_tiles(input), kThreads, 0, stream>>>(static_cast<const T*>(input.const_data_ptr()),
+                                                                input.numel(), nonzero, is_vector_aligned(input),
+                                                                starts.const_data_ptr<int64_t>(), out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Index columns over `input`'s shape (a 0-d input counts as 1-D of one element).
@@ -126,13 +177,17 @@ IndexColumns row_major_columns(const at::Tensor& input, const at::Tensor& result
   return out;
 }
 
-// Runs fn(input, nonzero_bits, stream) on the contiguous input, on its device.
+// Runs fn(input, nonzero_bits, stream) on the contiguous input, on its
+// device, unless it is empty.
 template <typename Fn>
 void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
   TORCH_CHECK(self.dim() <= kMaxDims, op, ": expected a tensor of at most ", kMaxDims,
               " dimensions on CUDA, got ", self.dim());
   const c10::cuda::CUDAGuard guard(self.device());
   const at::Tensor input = self.contiguous();
+  if (input.numel() == 0) {
+    return;  // no tiles: the callers' empty results stand
+  }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_by_element_size(op, input.element_size(), [&](auto tag) {
     using T = decltype(tag);
@@ -141,12 +196,13 @@ void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
 }
 
 at::Tensor nonzero_cuda(const at::Tensor& self) {
-  at::Tensor result;
+  at::Tensor result = at::empty({0, self.dim()}, self.options().dtype(at::kLong));
   with_input("nonzero", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
-    const int64_t total = input.numel() == 0 ? 0 : count_nonzero(input, nonzero, stream);
+    const at::Tensor starts = tile_starts(input, nonzero, stream);
+    const int64_t total = read_total(starts, stream);
     result = at::empty({total, self.dim()}, self.options().dtype(at::kLong));
     if (total > 0 && self.dim() > 0) {
-      write_rows(input, nonzero, row_major_columns(input, result, total), stream);
+      write_rows(input, nonzero, starts, row_major_columns(input, result, total), stream);
     }
   });
   return result;
@@ -154,15 +210,19 @@ at::Tensor nonzero_cuda(const at::Tensor& self) {
 
 std::vector<at::Tensor> nonzero_tuple_cuda(const at::Tensor& self) {
   std::vector<at::Tensor> result;
+  for (int64_t j = 0; j < std::max<int64_t>(self.dim(), 1); ++j) {
+    result.push_back(at::empty({0}, self.options().dtype(at::kLong)));
+  }
   with_input("nonzero_tuple", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
-    const int64_t total = input.numel() == 0 ? 0 : count_nonzero(input, nonzero, stream);
+    const at::Tensor starts = tile_starts(input, nonzero, stream);
+    const int64_t total = read_total(starts, stream);
     IndexColumns out = columns_for(input, 1, total);
     for (int j = 0; j < out.dims; ++j) {
-      result.push_back(at::empty({total}, self.options().dtype(at::kLong)));
-      out.columns[j] = result.back().data_ptr<int64_t>();
+      result[j] = at::empty({total}, self.options().dtype(at::kLong));
+      out.columns[j] = result[j].data_ptr<int64_t>();
     }
     if (total > 0) {
-      write_rows(input, nonzero, out, stream);
+      write_rows(input, nonzero, starts, out, stream);
     }
   });
   return result;
@@ -170,13 +230,14 @@ std::vector<at::Tensor> nonzero_tuple_cuda(const at::Tensor& self) {
 
 at::Tensor nonzero_static_cuda(const at::Tensor& self, int64_t size, int64_t fill_value) {
   TORCH_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
-  at::Tensor result;
+  // Rows past the last non-zero element keep fill_value.
+  const at::Tensor result = at::full({size, self.dim()}, fill_value, self.options().dtype(at::kLong));
+  if (size == 0 || self.dim() == 0) {
+    return result;
+  }
   with_input("nonzero_static", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
-    // Rows past the last non-zero element keep fill_value.
-    result = at::full({size, self.dim()}, fill_value, self.options().dtype(at::kLong));
-    if (input.numel() > 0 && size > 0 && self.dim() > 0) {
-      write_rows(input, nonzero, row_major_columns(input, result, size), stream);
-    }
+    const at::Tensor starts = tile_starts(input, nonzero, stream);
+    write_rows(input, nonzero, starts, row_major_columns(input, result, size), stream);
   });
   return result;
 }
