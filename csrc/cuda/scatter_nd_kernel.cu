@@ -6,11 +6,11 @@
 //   to its destination; bool ORs, integers add exactly, so both stay on this
 //   path even in deterministic mode;
 // - sorted (floating and complex types when
-//   torch.are_deterministic_algorithms_enabled()): the index rows are
-//   stable-sorted by destination slot with CUB's radix sort, then the first
-//   row of each run of equal slots sums the run in index order, in the
-//   accumulation type, and adds the sum to the output. No atomics, the same
-//   bits on every run.
+//   torch.are_deterministic_algorithms_enabled()): the index rows (or, for
+//   slices of one element, the updates themselves) are stable-sorted by
+//   destination slot with CUB's radix sort, then the first row of each run
+//   of equal slots sums the run in index order, in the accumulation type,
+//   and adds the sum to the output. No atomics, the same bits on every run.
 //
 // Bounds: every kernel records the first index row out of bounds with an
 // atomicMin into one int64 on the device. With check_bounds the host reads
@@ -22,10 +22,9 @@
 
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/OpMathType.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -116,13 +115,28 @@ __device__ inline void atomic_accumulate(T* address, T v) {
   }
 }
 
+// A contiguous tensor on the current CUDA device, left uninitialized even
+// in deterministic mode, where at::empty (and so at::zeros, at::full,
+// clone) would first fill it with NaN or the largest integer
+// (torch.utils.deterministic.fill_uninitialized_memory): a wasted pass and
+// kernel launch for memory the caller writes anyway.
+at::Tensor uninitialized(at::IntArrayRef shape, at::ScalarType dtype) {
+  return at::detail::empty_generic(shape, c10::cuda::CUDACachingAllocator::get(),
+                                   c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt);
+}
+
 // The int64 on the device where kernels record the first index row out of
-// bounds (num_rows while there is none); absent without check_bounds.
+// bounds (above every row number while there is none); absent without
+// check_bounds.
 class FirstBadRow {
  public:
-  FirstBadRow(bool check_bounds, const NdIndexGeometry& g, const at::Tensor& indices)
-      : num_rows_(g.num_rows),
-        flag_(check_bounds ? at::full({1}, g.num_rows, indices.options().dtype(at::kLong)) : at::Tensor()) {}
+  FirstBadRow(bool check_bounds, const NdIndexGeometry& g, cudaStream_t stream)
+      : num_rows_(g.num_rows), flag_(check_bounds ? uninitialized({1}, at::kLong) : at::Tensor()) {
+    if (flag_.defined()) {
+      // Every byte 0x7f: 0x7f7f7f7f7f7f7f7f, more rows than memory holds.
+      C10_CUDA_CHECK(cudaMemsetAsync(flag_.mutable_data_ptr(), 0x7f, sizeof(int64_t), stream));
+    }
+  }
 
   int64_t* device_ptr() const { return flag_.defined() ? flag_.mutable_data_ptr<int64_t>() : nullptr; }
 
@@ -161,8 +175,9 @@ __global__ void scatter_atomic_kernel(NdIndexGeometry g, const index_t* indices,
 }
 
 // One thread per index row: its slot as a sort key (rows out of bounds get
-// num_slots, after every real slot) and its row number as the value. With
-// keys == nullptr it only checks the bounds (slices of size 0).
+// num_slots, after every real slot) and, unless rows == nullptr, its row
+// number as the value. With keys == nullptr it only checks the bounds
+// (slices of size 0).
 template <typename key_t, typename row_t, typename index_t>
 __global__ void slot_keys_kernel(NdIndexGeometry g, const index_t* indices, key_t* keys, row_t* rows,
                                  int64_t* first_bad) {
@@ -174,6 +189,8 @@ __global__ void slot_keys_kernel(NdIndexGeometry g, const index_t* indices, key_
     }
     if (keys != nullptr) {
       keys[row] = static_cast<key_t>(slot);
+    }
+    if (rows != nullptr) {
       rows[row] = static_cast<row_t>(row);
     }
   }
@@ -187,11 +204,53 @@ void check_rows_only(const NdIndexGeometry& g, const index_t* indices, int64_t* 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Scratch memory for the sort.
+void* scratch(at::Tensor& holder, int64_t bytes) {
+  holder = uninitialized({bytes}, at::kByte);
+  return holder.mutable_data_ptr();
+}
+
+// Stable sort of (key, value) pairs by the low bits of the key that a key up
+// to max_key can use.
+template <typename key_t, typename value_t>
+void sort_pairs_by_key(const key_t* keys_in, key_t* keys_out, const value_t* values_in, value_t* values_out,
+                       int64_t n, key_t max_key, cudaStream_t stream) {
+  int end_bit = 1;
+  while (end_bit < static_cast<int>(sizeof(key_t) * 8) && (uint64_t{1} << end_bit) <= max_key) {
+    ++end_bit;
+  }
+  size_t temp_bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, values_in, values_out, n,
+                                                 0, end_bit, stream));
+  at::Tensor temp;
+  void* temp_data = scratch(temp, static_cast<int64_t>(temp_bytes));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp_data, temp_bytes, keys_in, keys_out, values_in, values_out, n,
+                                                 0, end_bit, stream));
+}
+
+// The update at sorted position j: through its sorted row number...
+template <typename scalar_t, typename row_t>
+struct UpdateOfRow {
+  const row_t* rows;
+  const scalar_t* updates;
+  int64_t slice;
+  __device__ scalar_t operator()(int64_t j, int64_t column) const {
+    return updates[static_cast<int64_t>(rows[j]) * slice + column];
+  }
+};
+
+// ... or, for slices of one element, sorted along with the keys.
+template <typename scalar_t>
+struct SortedUpdate {
+  const scalar_t* values;
+  __device__ scalar_t operator()(int64_t j, int64_t /*column*/) const { return values[j]; }
+};
+
 // One thread per (sorted position, column); the first position of each run
 // of equal slots sums the run in order.
-template <typename scalar_t, typename key_t, typename row_t>
+template <typename scalar_t, typename key_t, typename UpdateAt>
 __global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys,
-                                   const row_t* rows, const scalar_t* updates, scalar_t* out) {
+                                   UpdateAt update_at, scalar_t* out) {
   using acc_t = at::opmath_type<scalar_t>;
   GRID_STRIDE_LOOP(t, num_rows * slice) {
     const int64_t i = t / slice;
@@ -202,42 +261,62 @@ __global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, key_t num_sl
     }
     acc_t sum{};
     for (int64_t j = i; j < num_rows && keys[j] == key; ++j) {
-      sum += static_cast<acc_t>(updates[static_cast<int64_t>(rows[j]) * slice + column]);
+      sum += static_cast<acc_t>(update_at(j, column));
     }
     scalar_t* dst = out + static_cast<int64_t>(key) * slice + column;
     *dst = static_cast<scalar_t>(static_cast<acc_t>(*dst) + sum);
   }
 }
 
+// The unsigned integer as wide as an element, to move it through the sort
+// as bits.
+template <size_t kBytes>
+struct BitsOfSize;
+template <>
+struct BitsOfSize<2> { using type = uint16_t; };
+template <>
+struct BitsOfSize<4> { using type = uint32_t; };
+template <>
+struct BitsOfSize<8> { using type = uint64_t; };
+
 // Keys and row numbers as narrow as the sizes allow: the sort moves half the
-// bytes with 32-bit ones.
+// bytes with 32-bit ones. Slices of one element (up to 8 bytes) sort the
+// updates themselves instead of row numbers: no row numbers to write, and
+// the sums read the updates in order rather than gathering them.
 template <typename key_t, typename row_t, typename scalar_t, typename index_t>
 void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates, scalar_t* out,
-                    int64_t* first_bad, const at::TensorOptions& options, cudaStream_t stream) {
+                    int64_t* first_bad, cudaStream_t stream) {
   const int64_t n = g.num_rows;
-  at::Tensor keys = at::empty({2 * n * static_cast<int64_t>(sizeof(key_t))}, options.dtype(at::kByte));
-  at::Tensor rows = at::empty({2 * n * static_cast<int64_t>(sizeof(row_t))}, options.dtype(at::kByte));
-  key_t* keys_in = static_cast<key_t*>(keys.mutable_data_ptr());
+  const key_t max_key = static_cast<key_t>(g.num_slots);
+  at::Tensor keys;
+  key_t* keys_in = static_cast<key_t*>(scratch(keys, 2 * n * static_cast<int64_t>(sizeof(key_t))));
   key_t* keys_out = keys_in + n;
-  row_t* rows_in = static_cast<row_t*>(rows.mutable_data_ptr());
+  const int64_t total = n * g.slice_size;
+  if constexpr (sizeof(scalar_t) <= 8) {
+    if (g.slice_size == 1) {
+      using bits_t = typename BitsOfSize<sizeof(scalar_t)>::type;
+      at::Tensor sorted;
+      scalar_t* sorted_updates = static_cast<scalar_t*>(scratch(sorted, n * static_cast<int64_t>(sizeof(scalar_t))));
+      slot_keys_kernel<key_t, row_t><<<blocks_for(n), kThreads, 0, stream>>>(g, indices, keys_in, nullptr,
+                                                                              first_bad);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      sort_pairs_by_key(keys_in, keys_out, reinterpret_cast<const bits_t*>(updates),
+                        reinterpret_cast<bits_t*>(sorted_updates), n, max_key, stream);
+      const SortedUpdate<scalar_t> update_at{sorted_updates};
+      segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, update_at,
+                                                                     out);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+  }
+  at::Tensor rows;
+  row_t* rows_in = static_cast<row_t*>(scratch(rows, 2 * n * static_cast<int64_t>(sizeof(row_t))));
   row_t* rows_out = rows_in + n;
   slot_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, indices, keys_in, rows_in, first_bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // Sort only the bits a key can use (num_slots itself included).
-  const key_t max_key = static_cast<key_t>(g.num_slots);
-  int end_bit = 1;
-  while (end_bit < static_cast<int>(sizeof(key_t) * 8) && (uint64_t{1} << end_bit) <= max_key) {
-    ++end_bit;
-  }
-  size_t temp_bytes = 0;
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, rows_in, rows_out, n,
-                                                 0, end_bit, stream));
-  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.mutable_data_ptr(), temp_bytes, keys_in, keys_out, rows_in,
-                                                 rows_out, n, 0, end_bit, stream));
-  const int64_t total = n * g.slice_size;
-  segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, rows_out,
-                                                                 updates, out);
+  sort_pairs_by_key(keys_in, keys_out, rows_in, rows_out, n, max_key, stream);
+  const UpdateOfRow<scalar_t, row_t> update_at{rows_out, updates, g.slice_size};
+  segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, update_at, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -245,13 +324,17 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
                              const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
                              bool check_bounds) {
   const c10::cuda::CUDAGuard guard(updates.device());
-  at::Tensor output =
-      tensor != nullptr ? tensor->clone(at::MemoryFormat::Contiguous) : at::zeros(shape, updates.options());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor output = uninitialized(shape, updates.scalar_type());
+  if (tensor != nullptr) {
+    output.copy_(*tensor);
+  } else if (output.numel() > 0) {
+    C10_CUDA_CHECK(cudaMemsetAsync(output.mutable_data_ptr(), 0, output.nbytes(), stream));  // zero bits: 0, false
+  }
   if (g.num_rows == 0) {
     return output;
   }
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const FirstBadRow first_bad(check_bounds, g, indices);
+  const FirstBadRow first_bad(check_bounds, g, stream);
   int64_t* first_bad_ptr = first_bad.device_ptr();
   const int64_t total = g.num_rows * g.slice_size;
   const bool deterministic = at::globalContext().deterministicAlgorithms();
@@ -269,11 +352,9 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
         if (deterministic) {
           // Keys go up to num_slots (rows out of bounds).
           if (g.num_slots < std::numeric_limits<uint32_t>::max() && g.num_rows <= std::numeric_limits<int32_t>::max()) {
-            scatter_sorted<uint32_t, int32_t>(g, index_data, update_data, out_data, first_bad_ptr, indices.options(),
-                                              stream);
+            scatter_sorted<uint32_t, int32_t>(g, index_data, update_data, out_data, first_bad_ptr, stream);
           } else {
-            scatter_sorted<uint64_t, int64_t>(g, index_data, update_data, out_data, first_bad_ptr, indices.options(),
-                                              stream);
+            scatter_sorted<uint64_t, int64_t>(g, index_data, update_data, out_data, first_bad_ptr, stream);
           }
           return;
         }
@@ -313,7 +394,7 @@ void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Te
   }
   const c10::cuda::CUDAGuard guard(output.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const FirstBadRow first_bad(check_bounds, g, indices);
+  const FirstBadRow first_bad(check_bounds, g, stream);
   int64_t* first_bad_ptr = first_bad.device_ptr();
   const int64_t total = g.num_rows * g.slice_size;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
