@@ -1,11 +1,13 @@
 // CUDA kernels for masked::boolean_mask and masked::boolean_mask_backward.
 // The tensor is viewed as [outer, rows, inner] (boolean_mask.h). Forward: a
-// CUB pass over the mask, one host synchronisation to learn the selected
-// count n (the output's size depends on it), then a coalesced copy of the
-// selected slices. Backward: the output shape is known, so no
-// synchronisation: a scan of the mask, then one kernel that writes every
-// input position, from the gradient or zero. Slices move in units of up to
-// 16 bytes; offsets are 64-bit.
+// count of the mask's true flags per chunk and a scan of those counts, one
+// host synchronisation to learn the selected count n (the output's size
+// depends on it), then a warp-level compaction of the mask that packs either
+// the data itself (one unit per row, one block) or the selected row numbers,
+// from which a coalesced copy gathers every block's slices. Backward: the
+// output shape is known, so no synchronisation: a scan of the mask, then one
+// kernel that writes every input position, from the gradient or zero. Slices
+// move in units of up to 16 bytes; offsets are 64-bit.
 #include "boolean_mask.h"
 #include "common.h"
 
@@ -17,6 +19,7 @@
 
 #include <cub/cub.cuh>
 
+#include <algorithm>
 #include <limits>
 
 namespace torch_masked {
@@ -73,21 +76,125 @@ struct SlicePosition {
   }
 };
 
-// One thread per input unit; those of selected slices copy themselves to
-// their packed place. Consecutive threads write consecutive units.
+// The forward compacts the mask in chunks of kChunk flags, one warp per
+// chunk: lane l holds the chunk's flags l, l + 32, ..., so every load and
+// every ballot covers 32 consecutive flags.
+constexpr int kWarp = 32;
+constexpr int kLaneFlags = 16;
+constexpr int64_t kChunk = kWarp * kLaneFlags;
+
+__device__ int64_t first_warp() {
+  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+}
+
+__device__ int64_t warps_in_grid() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+}
+
+// Flags of the lane's positions in the chunk starting at `chunk_start`; false past the mask's end.
+__device__ void load_lane_flags(const bool* __restrict__ mask, int64_t rows, int64_t chunk_start,
+                                bool (&flags)[kLaneFlags]) {
+  const int64_t lane_start = chunk_start + threadIdx.x % kWarp;
+#pragma unroll
+  for (int i = 0; i < kLaneFlags; ++i) {
+    const int64_t row = lane_start + static_cast<int64_t>(i) * kWarp;
+    flags[i] = row < rows && mask[row];
+  }
+}
+
+// counts[c] = number of true flags in chunk c.
+__global__ void count_chunks(const bool* __restrict__ mask, int64_t rows, int64_t chunks, int64_t* __restrict__ counts) {
+  for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
+    bool flags[kLaneFlags];
+    load_lane_flags(mask, rows, chunk * kChunk, flags);
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < kLaneFlags; ++i) {
+      count += flags[i];
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      count += __shfl_down_sync(0xffffffffu, count, offset);
+    }
+    if (threadIdx.x % kWarp == 0) {
+      counts[chunk] = count;
+    }
+  }
+}
+
+// What compaction packs for each true flag: its row number...
+struct PackRows {
+  int64_t* dst;
+  __device__ int64_t fetch(int64_t row) const { return row; }
+  __device__ void store(int64_t place, int64_t row) const { dst[place] = row; }
+};
+
+// ...or the row's data, when each row is a single unit.
+template <typename Unit>
+struct PackUnits {
+  const Unit* src;
+  Unit* dst;
+  __device__ Unit fetch(int64_t row) const { return src[row]; }
+  __device__ void store(int64_t place, const Unit& value) const { dst[place] = value; }
+};
+
+// Packs the true flags' rows (or data) in order: chunk c starts at
+// chunk_ends[c - 1]; within it a lane's place is the number of true flags
+// before it, counted by ballots. Only selected rows are read.
+template <typename Pack>
+__global__ void compact_chunks(const bool* __restrict__ mask, int64_t rows, int64_t chunks,
+                               const int64_t* __restrict__ chunk_ends, Pack pack) {
+  using Value = decltype(pack.fetch(0));
+  const unsigned lower_lanes = (1u << (threadIdx.x % kWarp)) - 1;
+  for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
+    const int64_t chunk_start = chunk * kChunk;
+    bool flags[kLaneFlags];
+    load_lane_flags(mask, rows, chunk_start, flags);
+    // All loads first, so that a lane has them all in flight at once.
+    Value values[kLaneFlags];
+#pragma unroll
+    for (int i = 0; i < kLaneFlags; ++i) {
+      if (flags[i]) {
+        values[i] = pack.fetch(chunk_start + threadIdx.x % kWarp + static_cast<int64_t>(i) * kWarp);
+      }
+    }
+    int64_t place = chunk == 0 ? 0 : chunk_ends[chunk - 1];
+#pragma unroll
+    for (int i = 0; i < kLaneFlags; ++i) {
+      const unsigned ballot = __ballot_sync(0xffffffffu, flags[i]);
+      if (flags[i]) {
+        pack.store(place + __popc(ballot & lower_lanes), values[i]);
+      }
+      place += __popc(ballot);
+    }
+  }
+}
+
+// dst[o, j, u] = src[o, selected_rows[j], u] over the [outer, selected,
+// units] output. A thread reads its row number once and copies that unit in
+// the blocks o = blockIdx.y, blockIdx.y + gridDim.y, ...; consecutive threads
+// write consecutive units.
 template <typename Unit, typename Index>
-__global__ void copy_selected_slices(const Unit* __restrict__ src, const bool* __restrict__ mask,
-                                     const int64_t* __restrict__ counts, Unit* __restrict__ dst, Index rows,
-                                     Index units, int64_t selected, int64_t total) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= total) {
-    return;
+__global__ void gather_selected_rows(const Unit* __restrict__ src, const int64_t* __restrict__ selected_rows,
+                                     Unit* __restrict__ dst, int64_t outer, int64_t rows, Index units,
+                                     int64_t block_units) {
+  const int64_t src_block_units = rows * static_cast<int64_t>(units);
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < block_units;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Index j = static_cast<Index>(e) / units;
+    const Index unit = static_cast<Index>(e) - j * units;
+    const int64_t source = selected_rows[j] * static_cast<int64_t>(units) + unit;
+#pragma unroll 4
+    for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
+      dst[o * block_units + e] = src[o * src_block_units + source];
+    }
   }
-  const SlicePosition<Index> position(e, rows, units);
-  if (mask[position.row]) {
-    const int64_t packed = counts[position.row] - 1;
-    dst[(static_cast<int64_t>(position.block) * selected + packed) * units + position.unit] = src[e];
-  }
+}
+
+// Blocks of kThreads for `items` work items: at least one, at most the grid
+// limit (the kernels loop over the rest).
+unsigned blocks_for(int64_t items) {
+  constexpr int64_t kMaxBlocks = 1 << 20;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks)));
 }
 
 // One thread per output unit: the packed gradient's unit where the mask is
@@ -136,55 +243,68 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
   }
   const at::Tensor flags = mask.contiguous();
   const bool* mask_data = flags.const_data_ptr<bool>();
-  const int64_t slice_bytes = view.inner * input.element_size();
-  const void* src = input.const_data_ptr();
-  // Fresh outputs are aligned to far more than 16 bytes; only the input may not be.
-  const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {src});
+  const at::TensorOptions long_options = input.options().dtype(at::kLong);
 
-  // A single block whose slices are single units: CUB's flagged selection
-  // compacts the data itself in one pass, after a count (the mask's sum)
-  // that sizes the output. Otherwise a scan of the mask gives every selected
-  // slice its packed place. (The count and the selection take 32-bit sizes
-  // on older CUB; the scan takes 64-bit ones.)
-  const bool int_rows = view.rows <= std::numeric_limits<int32_t>::max();
-  const bool select_units = int_rows && view.outer == 1 && unit_bytes == slice_bytes;
-  at::Tensor counts;
-  if (select_units || (int_rows && input.numel() == 0)) {
-    counts = at::empty({1}, input.options().dtype(at::kLong));
-    int64_t* total = counts.data_ptr<int64_t>();
-    run_cub(input.options(), [&](void* temp, size_t& temp_bytes) {
-      return cub::DeviceReduce::Sum(temp, temp_bytes, mask_data, total, static_cast<int>(view.rows), stream);
-    });
-  } else {
-    counts = inclusive_counts(mask_data, view.rows, input.options(), stream);
-  }
-  const int64_t selected = read_to_host(counts.const_data_ptr<int64_t>() + counts.numel() - 1, stream);
+  // Count the true flags of each chunk; their inclusive sum places every
+  // chunk's selection and ends with the selected count n.
+  const int64_t chunks = (view.rows + kChunk - 1) / kChunk;
+  at::Tensor chunk_counts = at::empty({chunks}, long_options);
+  at::Tensor chunk_ends = at::empty({chunks}, long_options);
+  const unsigned chunk_blocks = blocks_for(chunks * kWarp);
+  count_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, chunks, chunk_counts.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t* counts_data = chunk_counts.const_data_ptr<int64_t>();
+  int64_t* ends_data = chunk_ends.data_ptr<int64_t>();
+  run_cub(input.options(), [&](void* temp, size_t& temp_bytes) {
+    return cub::DeviceScan::InclusiveSum(temp, temp_bytes, counts_data, ends_data, chunks, stream);
+  });
+  const int64_t selected = read_to_host(ends_data + chunks - 1, stream);
 
   at::Tensor result = at::empty(view.masked_shape(tensor.sizes(), selected), input.options());
   if (result.numel() == 0) {
     return result;
   }
+  const int64_t slice_bytes = view.inner * input.element_size();
+  const void* src = input.const_data_ptr();
+  // Fresh outputs are aligned to far more than 16 bytes; only the input may not be.
+  const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {src});
+  const int64_t units = slice_bytes / unit_bytes;
   dispatch_by_element_size("boolean_mask", unit_bytes, [&](auto tag) {
     using Unit = decltype(tag);
     const Unit* src_units = static_cast<const Unit*>(src);
     Unit* dst_units = static_cast<Unit*>(result.data_ptr());
-    if (select_units) {
-      int64_t* selected_out = counts.data_ptr<int64_t>();
-      run_cub(input.options(), [&](void* temp, size_t& temp_bytes) {
-        return cub::DeviceSelect::Flagged(temp, temp_bytes, src_units, mask_data, dst_units, selected_out,
-                                          static_cast<int>(view.rows), stream);
-      });
+    if (view.outer == 1 && units == 1) {
+      // Each row is one unit: compaction packs the data itself.
+      compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, chunks, chunk_ends.const_data_ptr<int64_t>(),
+                                                            PackUnits<Unit>{src_units, dst_units});
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
-    const int64_t units = slice_bytes / unit_bytes;
-    const int64_t total = input.numel() * input.element_size() / unit_bytes;
-    launch_over(total, [&](unsigned blocks, auto index) {
+    // Otherwise compaction packs the selected row numbers, which every block
+    // of the output then gathers from.
+    at::Tensor selected_rows = at::empty({selected}, long_options);
+    compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, chunks, chunk_ends.const_data_ptr<int64_t>(),
+                                                          PackRows{selected_rows.data_ptr<int64_t>()});
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int64_t block_units = selected * units;
+    const unsigned blocks_x = blocks_for(block_units);
+    // Enough blocks to fill the GPU; more would re-read the row numbers.
+    constexpr int64_t kTargetBlocks = 2048;
+    const unsigned blocks_y = static_cast<unsigned>(
+        std::min<int64_t>({view.outer, (kTargetBlocks + blocks_x - 1) / blocks_x, 65535}));
+    const dim3 grid(blocks_x, blocks_y);
+    const auto launch = [&](auto index) {
       using Index = decltype(index);
-      copy_selected_slices<Unit, Index><<<blocks, kThreads, 0, stream>>>(
-          src_units, mask_data, counts.const_data_ptr<int64_t>(), dst_units, static_cast<Index>(view.rows),
-          static_cast<Index>(units), selected, total);
+      gather_selected_rows<Unit, Index><<<grid, kThreads, 0, stream>>>(
+          src_units, selected_rows.const_data_ptr<int64_t>(), dst_units, view.outer, view.rows,
+          static_cast<Index>(units), block_units);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
+    };
+    if (block_units <= std::numeric_limits<uint32_t>::max()) {
+      launch(uint32_t{});
+    } else {
+      launch(uint64_t{});
+    }
   });
   return result;
 }
