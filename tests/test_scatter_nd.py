@@ -27,7 +27,9 @@ def wide_dtype(dtype):
 
 def tolerances(dtype):
     if dtype in (torch.float16, torch.bfloat16):
-        return dict(rtol=1e-2, atol=1e-2)
+        # The CUDA atomic path rounds at every add (the reference rounds once):
+        # up to about one unit in the last place per update summed into a slot.
+        return dict(rtol=2e-2, atol=1e-1)
     return dict(rtol=1e-5, atol=1e-5)
 
 
