@@ -3,13 +3,14 @@
 // torch_masked/ops/boolean_mask.py:_masked_view prints the same messages.
 #pragma once
 
+#include "common.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <initializer_list>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,19 +45,19 @@ inline std::string python_dtype_name(at::ScalarType dtype) {
 // shape whatever the mask's rank.
 inline MaskedView masked_view(
     const char* op, const char* shape_name, at::IntArrayRef shape, const at::Tensor& mask, int64_t axis) {
-  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, op, ": expected mask of dtype torch.bool, got ",
+  MASKED_CHECK_TYPE(mask.scalar_type() == at::kBool, op, ": expected mask of dtype torch.bool, got ",
                    python_dtype_name(mask.scalar_type()));
   const int64_t rank = static_cast<int64_t>(shape.size());
   const int64_t mask_dims = mask.dim();
-  TORCH_CHECK_VALUE(mask_dims >= 1, op, ": expected mask of rank >= 1, got a 0-d mask");
-  TORCH_CHECK_VALUE(mask_dims <= rank, op, ": expected mask.dim() <= ", rank, " (the rank of ", shape_name,
+  MASKED_CHECK_VALUE(mask_dims >= 1, op, ": expected mask of rank >= 1, got a 0-d mask");
+  MASKED_CHECK_VALUE(mask_dims <= rank, op, ": expected mask.dim() <= ", rank, " (the rank of ", shape_name,
                     "), got mask.dim()=", mask_dims);
-  TORCH_CHECK_INDEX(axis >= -rank && axis < rank, op, ": expected axis in [", -rank, ", ", rank, ") for ",
+  MASKED_CHECK_INDEX(axis >= -rank && axis < rank, op, ": expected axis in [", -rank, ", ", rank, ") for ",
                     shape_name, " of rank ", rank, ", got axis=", axis);
   const int64_t start = axis < 0 ? axis + rank : axis;
-  TORCH_CHECK_VALUE(start + mask_dims <= rank, op, ": expected axis + mask.dim() <= ", rank, " (the rank of ",
+  MASKED_CHECK_VALUE(start + mask_dims <= rank, op, ": expected axis + mask.dim() <= ", rank, " (the rank of ",
                     shape_name, "), got axis=", axis, " and mask.dim()=", mask_dims);
-  TORCH_CHECK_VALUE(shape.slice(start, mask_dims) == mask.sizes(), op, ": expected mask.shape to equal ", shape_name,
+  MASKED_CHECK_VALUE(shape.slice(start, mask_dims) == mask.sizes(), op, ": expected mask.shape to equal ", shape_name,
                     "[", start, ":", start + mask_dims, "], got mask.shape=", mask.sizes(), " and ", shape_name, "=",
                     shape);
   MaskedView view{start, mask_dims, 1, 1, 1};
@@ -92,18 +93,11 @@ inline void check_masked_grad(const at::Tensor& grad, at::IntArrayRef input_shap
     same = d == view.axis || grad.size(d) == expected[d];
   }
   if (!same) {
-    std::ostringstream shape;
-    const char* sep = "";
+    std::string shape;
     for (int64_t d = 0; d < static_cast<int64_t>(expected.size()); ++d) {
-      shape << sep;
-      if (d == view.axis) {
-        shape << "n";
-      } else {
-        shape << expected[d];
-      }
-      sep = ", ";
+      shape += message(d ? ", " : "", d == view.axis ? "n" : std::to_string(expected[d]));
     }
-    TORCH_CHECK_VALUE(false, "boolean_mask_backward: expected grad of shape [", shape.str(), "], got ", grad.sizes());
+    MASKED_CHECK_VALUE(false, "boolean_mask_backward: expected grad of shape [", shape, "], got ", grad.sizes());
   }
 }
 

@@ -8,8 +8,45 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <sstream>
+#include <string>
+#include <type_traits>
 #include <utility>
+
+namespace torch_masked {
+
+// The messages of our checks are assembled as plain strings, numbers through
+// std::to_string, never through a std::ostream: with torch 2.11 built by
+// GCC 13, an integer written to a stream from inside the extension crashed
+// the process while it raised the error (text alone did not).
+inline std::string message_piece(const char* text) { return text; }
+inline std::string message_piece(const std::string& text) { return text; }
+template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
+std::string message_piece(Int value) {
+  return std::to_string(value);
+}
+inline std::string message_piece(at::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    text += (d ? ", " : "") + std::to_string(shape[d]);
+  }
+  return text + "]";
+}
+inline std::string message_piece(const c10::Device& device) { return device.str(); }
+
+template <typename... Pieces>
+std::string message(const Pieces&... pieces) {
+  std::string text;
+  ((text += message_piece(pieces)), ...);
+  return text;
+}
+
+}  // namespace torch_masked
+
+// TORCH_CHECK and friends with a message made by torch_masked::message.
+#define MASKED_CHECK(cond, ...) TORCH_CHECK(cond, ::torch_masked::message(__VA_ARGS__))
+#define MASKED_CHECK_VALUE(cond, ...) TORCH_CHECK_VALUE(cond, ::torch_masked::message(__VA_ARGS__))
+#define MASKED_CHECK_INDEX(cond, ...) TORCH_CHECK_INDEX(cond, ::torch_masked::message(__VA_ARGS__))
+#define MASKED_CHECK_TYPE(cond, ...) TORCH_CHECK_TYPE(cond, ::torch_masked::message(__VA_ARGS__))
 
 namespace torch_masked {
 
@@ -26,13 +63,11 @@ inline void check_same_device(
   if (same) {
     return;
   }
-  std::ostringstream listed;
-  const char* sep = "";
+  std::string listed;
   for (const auto& named : tensors) {
-    listed << sep << named.first << " on " << named.second->device();
-    sep = ", ";
+    listed += message(listed.empty() ? "" : ", ", named.first, " on ", named.second->device());
   }
-  TORCH_CHECK(false, op, ": expected all tensors on one device, got ", listed.str());
+  MASKED_CHECK(false, op, ": expected all tensors on one device, got ", listed);
 }
 
 // A 16-byte element (complex128) moved as raw bits.
@@ -51,7 +86,7 @@ void dispatch_by_element_size(const char* op, int64_t element_size, Fn&& fn) {
     case 4: return fn(uint32_t{});
     case 8: return fn(uint64_t{});
     case 16: return fn(Bytes16{});
-    default: TORCH_CHECK(false, op, ": unsupported element size ", element_size, " bytes");
+    default: MASKED_CHECK(false, op, ": unsupported element size ", element_size, " bytes");
   }
 }
 

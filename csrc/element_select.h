@@ -76,7 +76,7 @@ inline std::string dtype_name(at::ScalarType dtype) {
 
 // torch_masked/ops/where.py:_check_condition_dtype prints the same words.
 inline void check_condition_dtype(const char* op, const at::Tensor& condition) {
-  TORCH_CHECK_TYPE(condition.scalar_type() == at::kBool, op, ": expected condition of dtype torch.bool, got ",
+  MASKED_CHECK_TYPE(condition.scalar_type() == at::kBool, op, ": expected condition of dtype torch.bool, got ",
                    dtype_name(condition.scalar_type()));
 }
 
@@ -89,7 +89,7 @@ inline std::vector<int64_t> broadcast_select_shape(const at::Tensor& condition, 
     for (int64_t d = 0; d < t->dim(); ++d) {
       int64_t& size = shape[dims - t->dim() + d];
       const int64_t own = t->size(d);
-      TORCH_CHECK(own == size || own == 1 || size == 1,
+      MASKED_CHECK(own == size || own == 1 || size == 1,
                   "where: expected condition, x and y to broadcast together, got condition ", condition.sizes(),
                   ", x ", x.sizes(), ", y ", y.sizes());
       size = own == 1 ? size : own;
@@ -144,7 +144,7 @@ inline SelectGeometry select_geometry(at::IntArrayRef shape, const at::Tensor* o
 // broadcasting (select's row form).
 inline Selection make_selection(const char* op, const at::Tensor& condition, const at::Tensor& x,
                                 const at::Tensor& y, at::IntArrayRef shape) {
-  TORCH_CHECK(shape.size() <= kMaxSelectDims, op, ": expected at most ", kMaxSelectDims, " dimensions, got ",
+  MASKED_CHECK(shape.size() <= kMaxSelectDims, op, ": expected at most ", kMaxSelectDims, " dimensions, got ",
               shape.size());
   const at::ScalarType dtype = at::result_type(x, y);
   Selection s{condition, x.to(dtype), y.to(dtype), at::empty(shape, x.options().dtype(dtype)), {}};
@@ -166,11 +166,11 @@ inline Selection prepare_where(const at::Tensor& condition, const at::Tensor& x,
 inline Selection prepare_select(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
   check_same_device("select", {{"condition", &condition}, {"x", &x}, {"y", &y}});
   check_condition_dtype("select", condition);
-  TORCH_CHECK(x.sizes() == y.sizes(), "select: expected x and y of the same shape, got x ", x.sizes(), " and y ",
+  MASKED_CHECK(x.sizes() == y.sizes(), "select: expected x and y of the same shape, got x ", x.sizes(), " and y ",
               y.sizes());
   const bool elementwise = condition.dim() == 0 || condition.sizes() == x.sizes();
   const bool rows = x.dim() >= 1 && condition.dim() == 1 && condition.size(0) == x.size(0);
-  TORCH_CHECK(elementwise || rows, "select: expected condition to be a scalar, of x's shape ", x.sizes(),
+  MASKED_CHECK(elementwise || rows, "select: expected condition to be a scalar, of x's shape ", x.sizes(),
               ", or 1-D of length x.shape[0], got condition of shape ", condition.sizes());
   // A row condition is a column [rows, 1, ..., 1]: broadcasting does the rest.
   std::vector<int64_t> column_shape(std::max<int64_t>(x.dim(), 1), 1);

@@ -18,7 +18,6 @@
 #include <c10/util/irange.h>
 
 #include <cstdint>
-#include <sstream>
 #include <vector>
 
 namespace torch_masked {
@@ -68,21 +67,21 @@ inline std::string dtype_name(at::ScalarType dtype) {
 // the geometry. torch_masked/ops/scatter_nd.py:_geometry prints the same words.
 inline NdIndexGeometry make_geometry(const char* op, const at::Tensor& indices, at::IntArrayRef shape,
                                      const char* shape_name) {
-  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
+  MASKED_CHECK_TYPE(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
                    ": expected indices of dtype torch.int32 or torch.int64, got ",
                    dtype_name(indices.scalar_type()));
-  TORCH_CHECK(indices.dim() >= 1, op, ": expected indices with at least one dimension, got a 0-d tensor");
+  MASKED_CHECK(indices.dim() >= 1, op, ": expected indices with at least one dimension, got a 0-d tensor");
   const int64_t depth = indices.size(-1);
   const int64_t rank = static_cast<int64_t>(shape.size());
-  TORCH_CHECK(depth <= rank, op, ": expected indices.shape[-1] <= len(", shape_name, ") = ", rank,
+  MASKED_CHECK(depth <= rank, op, ": expected indices.shape[-1] <= len(", shape_name, ") = ", rank,
               ", got indices of shape ", indices.sizes(), " for ", shape_name, " ", shape);
-  TORCH_CHECK(depth <= kMaxIndexDepth, op, ": expected indices.shape[-1] <= ", kMaxIndexDepth, ", got ",
+  MASKED_CHECK(depth <= kMaxIndexDepth, op, ": expected indices.shape[-1] <= ", kMaxIndexDepth, ", got ",
               depth);
   NdIndexGeometry g;
   g.depth = depth;
   g.num_rows = c10::multiply_integers(indices.sizes().slice(0, indices.dim() - 1));
   for (int64_t j = rank - 1; j >= 0; --j) {
-    TORCH_CHECK(shape[j] >= 0, op, ": expected non-negative sizes in ", shape_name, ", got ", shape);
+    MASKED_CHECK(shape[j] >= 0, op, ": expected non-negative sizes in ", shape_name, ", got ", shape);
     if (j >= depth) {
       g.slice_size *= shape[j];
     } else {
@@ -108,31 +107,23 @@ inline std::vector<int64_t> rows_shape(const at::Tensor& indices, at::IntArrayRe
                                              at::IntArrayRef shape) {
   const int64_t depth = indices.size(-1);
   const at::Tensor values = indices.reshape({-1, depth}).select(0, row).to(at::kCPU, at::kLong);
-  std::ostringstream where;  // the row's position in indices.shape[:-1]
-  where << "indices[";
   const auto batch = indices.sizes().slice(0, indices.dim() - 1);
   std::vector<int64_t> position(batch.size());
   for (int64_t d = static_cast<int64_t>(batch.size()) - 1, rest = row; d >= 0; --d) {
     position[d] = rest % batch[d];
     rest /= batch[d];
   }
-  for (const auto d : c10::irange(position.size())) {
-    where << (d ? ", " : "") << position[d];
-  }
-  where << "]";
+  const at::IntArrayRef index(values.data_ptr<int64_t>(), depth);
   int64_t bad_dim = -1;
-  std::ostringstream index;
-  index << "[";
   for (const auto j : c10::irange(depth)) {
-    const int64_t v = values.data_ptr<int64_t>()[j];
-    index << (j ? ", " : "") << v;
-    if ((v < 0 || v >= shape[j]) && bad_dim < 0) {
+    if ((index[j] < 0 || index[j] >= shape[j]) && bad_dim < 0) {
       bad_dim = j;
     }
   }
-  index << "]";
-  TORCH_CHECK_INDEX(false, op, ": expected every index within shape ", shape, ", got ", index.str(), " at ",
-                    where.str(), " (", values.data_ptr<int64_t>()[bad_dim], " is out of range for dimension ",
+  // The row's position in indices.shape[:-1], e.g. "indices[1, 0]".
+  const std::string where = "indices" + message_piece(at::IntArrayRef(position));
+  MASKED_CHECK_INDEX(false, op, ": expected every index within shape ", shape, ", got ", index, " at ",
+                    where, " (", values.data_ptr<int64_t>()[bad_dim], " is out of range for dimension ",
                     bad_dim, " of size ", shape[bad_dim], ")");
 }
 
@@ -165,16 +156,16 @@ at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Te
     check_same_device(op, {{"indices", &indices}, {"updates", &updates}});
   }
   const NdIndexGeometry g = make_geometry(op, indices, shape, tensor != nullptr ? "tensor.shape" : "shape");
-  TORCH_CHECK_TYPE(is_addable(updates.scalar_type()), op,
+  MASKED_CHECK_TYPE(is_addable(updates.scalar_type()), op,
                    ": expected updates of a numeric or bool dtype other than uint16/uint32/uint64, got ",
                    dtype_name(updates.scalar_type()));
   if (tensor != nullptr) {
-    TORCH_CHECK_TYPE(updates.scalar_type() == tensor->scalar_type(), op,
+    MASKED_CHECK_TYPE(updates.scalar_type() == tensor->scalar_type(), op,
                      ": expected updates of the dtype of tensor, ", dtype_name(tensor->scalar_type()),
                      ", got ", dtype_name(updates.scalar_type()));
   }
   const std::vector<int64_t> expected = rows_shape(indices, shape);
-  TORCH_CHECK(updates.sizes() == at::IntArrayRef(expected), op,
+  MASKED_CHECK(updates.sizes() == at::IntArrayRef(expected), op,
               ": expected updates of shape indices.shape[:-1] + ", tensor != nullptr ? "tensor.shape" : "shape",
               "[K:] = ", at::IntArrayRef(expected), ", got updates of shape ", updates.sizes(),
               " (indices of shape ", indices.sizes(), ")");

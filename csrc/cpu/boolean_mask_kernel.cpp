@@ -347,7 +347,7 @@ at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& m
   const at::Tensor flags = mask.contiguous();
   const uint8_t* mask_data = static_cast<const uint8_t*>(flags.const_data_ptr());
   const CompactionPlan plan = plan_mask(mask_data, view);
-  TORCH_CHECK_VALUE(grad.size(view.axis) == plan.total(), "boolean_mask_backward: expected grad.shape[", view.axis,
+  MASKED_CHECK_VALUE(grad.size(view.axis) == plan.total(), "boolean_mask_backward: expected grad.shape[", view.axis,
                     "] to equal the number of true elements of mask, ", plan.total(), ", got ",
                     grad.size(view.axis));
   const at::Tensor packed_grad = grad.contiguous();

@@ -207,7 +207,7 @@ std::vector<at::Tensor> nonzero_tuple_cpu(const at::Tensor& self) {
 }
 
 at::Tensor nonzero_static_cpu(const at::Tensor& self, int64_t size, int64_t fill_value) {
-  TORCH_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
+  MASKED_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
   const at::Tensor result = at::empty({size, self.dim()}, self.options().dtype(at::kLong));
   advise_huge_pages(result);
   nonzero_into(

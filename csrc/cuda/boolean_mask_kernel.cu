@@ -224,7 +224,7 @@ __global__ void expand_selected_slices(const Unit* __restrict__ grad, const bool
 template <typename Launch>
 void launch_over(int64_t total, const Launch& launch) {
   const int64_t blocks = (total + kThreads - 1) / kThreads;
-  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "boolean_mask: ", total, " units are too many for one launch");
+  MASKED_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "boolean_mask: ", total, " units are too many for one launch");
   if (total <= std::numeric_limits<uint32_t>::max()) {
     launch(static_cast<unsigned>(blocks), uint32_t{});
   } else {

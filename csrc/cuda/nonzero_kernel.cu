@@ -181,7 +181,7 @@ IndexColumns row_major_columns(const at::Tensor& input, const at::Tensor& result
 // device, unless it is empty.
 template <typename Fn>
 void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
-  TORCH_CHECK(self.dim() <= kMaxDims, op, ": expected a tensor of at most ", kMaxDims,
+  MASKED_CHECK(self.dim() <= kMaxDims, op, ": expected a tensor of at most ", kMaxDims,
               " dimensions on CUDA, got ", self.dim());
   const c10::cuda::CUDAGuard guard(self.device());
   const at::Tensor input = self.contiguous();
@@ -229,7 +229,7 @@ std::vector<at::Tensor> nonzero_tuple_cuda(const at::Tensor& self) {
 }
 
 at::Tensor nonzero_static_cuda(const at::Tensor& self, int64_t size, int64_t fill_value) {
-  TORCH_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
+  MASKED_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
   // Rows past the last non-zero element keep fill_value.
   const at::Tensor result = at::full({size, self.dim()}, fill_value, self.options().dtype(at::kLong));
   if (size == 0 || self.dim() == 0) {
