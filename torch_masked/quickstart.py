@@ -55,6 +55,17 @@ def tour(device):
     show("boolean_mask([[1, 2], [3, 4], [5, 6]], [F, T], axis=1)",
          tm.boolean_mask(t([[1, 2], [3, 4], [5, 6]]), t([False, True]), axis=1))
 
+    print("\nscatter_nd and gather_nd (tf.scatter_nd page)")
+    show("scatter_nd([[4], [3], [1], [7]], [9, 10, 11, 12], [8])",
+         tm.scatter_nd([[4], [3], [1], [7]], [9, 10, 11, 12], [8]))
+    slices = [[[5, 5, 5, 5], [6, 6, 6, 6], [7, 7, 7, 7], [8, 8, 8, 8]]] * 2
+    scattered = tm.scatter_nd(t([[0], [2]]), t(slices), [4, 4, 4])
+    show("scatter_nd([[0], [2]], two 4x4 slices, [4, 4, 4])[:, 0]", scattered[:, 0])
+    show("scatter_nd([[1], [1]], [1., 2.], [3])  (duplicates add)", tm.scatter_nd([[1], [1]], [1.0, 2.0], [3]))
+    show("gather_nd([[1, 2], [3, 4]], [[1, 0], [0, 1]])", tm.gather_nd(t([[1, 2], [3, 4]]), [[1, 0], [0, 1]]))
+    show("tensor_scatter_nd_add([1, 1, 1], [[0], [2]], [5, 7])",
+         tm.tensor_scatter_nd_add(t([1, 1, 1]), [[0], [2]], t([5, 7])))
+
 
 def time_ms(fn, device, reps=20):
     fn()
@@ -77,12 +88,18 @@ def speed(device):
     x, y = torch.randn(n, generator=gen).to(device), torch.randn(n, generator=gen).to(device)
     table = torch.randn(n // 64, 64, generator=gen).to(device)
     rows_mask = mask[: n // 64]
+    index = torch.randint(0, n, (n // 10, 1), generator=gen).to(device)
+    updates = torch.randn(n // 10, generator=gen).to(device)
     rows = [
         ("nonzero, bool", lambda: tm.nonzero(mask), lambda: torch.nonzero(mask), "torch.nonzero"),
         ("where(c, x, y), float32", lambda: tm.where(mask, x, y), lambda: torch.where(mask, x, y), "torch.where"),
         ("boolean_mask, 1-D float32", lambda: tm.boolean_mask(x, mask), lambda: x[mask], "x[mask]"),
         ("boolean_mask, rows of [N, 64]", lambda: tm.boolean_mask(table, rows_mask), lambda: table[rows_mask],
          "x[mask]"),
+        ("scatter_nd, U=N/10 into N, float32", lambda: tm.scatter_nd(index, updates, [n]),
+         lambda: torch.zeros(n, device=device).index_put_((index[:, 0],), updates, accumulate=True),
+         "index_put_(accumulate=True)"),
+        ("gather_nd, N/10 elements", lambda: tm.gather_nd(x, index), lambda: x[index[:, 0]], "x[idx]"),
     ]
     print(f"\nspeed on {device}, {n:.0e} elements (median of 20; full tables: python benchmarks/run.py)")
     print(f"  {'op':<34} {'ours ms':>9} {'native ms':>10} {'ratio':>6}  native")
