@@ -7,7 +7,9 @@
 // rows whose slot is in its block. No two threads write the same element and
 // each element receives its updates in index order, so the sums are the same
 // bits on every run and for every thread count, with no atomics. half and
-// bfloat16 accumulate in float and round once at the end.
+// bfloat16 accumulate in float and round once at the end. Slices go through
+// cache-sized tiles of the block (see scatter_slices), so the output is
+// written in one pass.
 //
 // Gather: rows are split among threads; each row is one slice copy.
 #include "common.h"
@@ -21,9 +23,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 namespace torch_masked {
 namespace cpu {
@@ -37,12 +45,45 @@ constexpr int64_t kMinBlockColumns = 512;
 // blocks), and how far ahead it prefetches destinations.
 constexpr int64_t kChunkRows = 256;
 constexpr int64_t kPrefetchRows = 32;
+// Accumulator bytes per tile of a slice scatter (inside the shared cache;
+// measured faster here than L2-sized tiles), and how many of the tile's
+// update rows ahead are prefetched.
+constexpr int64_t kTileBytes = int64_t{1} << 20;
+constexpr int64_t kPrefetchSlices = 8;
+// Bytes of each such row prefetched (its first cache lines).
+constexpr int64_t kPrefetchRowBytes = 512;
 
-inline void prefetch_for_write(const void* address) {
+// Prefetch of the cache line holding `address`, for reading (0) or writing (1).
+template <int kForWrite>
+inline void prefetch(const void* address) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(address, 1);
+  __builtin_prefetch(address, kForWrite);
 #else
   (void)address;
+#endif
+}
+
+// Outputs from this size on are fresh mmap'd memory (glibc's largest mmap
+// threshold), whose first touch costs a page fault per 4 KiB: more time than
+// the scatter itself. Transparent huge pages make that one fault per 2 MiB.
+constexpr int64_t kHugePageHintBytes = int64_t{32} << 20;
+
+// Asks for transparent huge pages over the whole pages of `t` before anything
+// touches it. Only a hint: where the system says no, nothing changes.
+void advise_huge_pages(const at::Tensor& t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (static_cast<int64_t>(t.nbytes()) < kHugePageHintBytes) {
+    return;
+  }
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t data = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t begin = (data + page - 1) & ~(page - 1);
+  const uintptr_t end = (data + t.nbytes()) & ~(page - 1);
+  if (end > begin) {
+    (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+#else
+  (void)t;
 #endif
 }
 
@@ -72,24 +113,22 @@ std::vector<Block> split_output(const NdIndexGeometry& g) {
   return blocks;
 }
 
-// Adds the updates of every index row whose slot lies in `block` to `acc`, in
-// index order (for bool, `+=` of 0/1 values stores true for any non-zero sum:
+// Element updates (slices of one): adds the updates of every index row whose
+// slot lies in `block` to `acc`, in index order (for bool, `+=` of 0/1 values stores true for any non-zero sum:
 // an OR). Returns the first row out of bounds (and, with stop_at_bad, stops
 // there), or -1.
 template <bool kDepthOne, typename acc_t, typename scalar_t, typename index_t>
-int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_t* indices,
+int64_t scatter_elements(const Block& block, const NdIndexGeometry& g, const index_t* indices,
                       const scalar_t* updates, acc_t* acc, bool stop_at_bad) {
   const int64_t depth = kDepthOne ? 1 : g.depth;
-  const int64_t slice = g.slice_size;
-  const int64_t columns = block.column_end - block.column_begin;
   int64_t first_bad = -1;
-  if (slice == 1 && block.slot_begin == 0 && block.slot_end == g.num_slots) {
+  if (block.slot_begin == 0 && block.slot_end == g.num_slots) {
     // Every row in range is this block's. The destinations are cache misses
     // the indices announce early: prefetch a few rows ahead.
     const int64_t last_row = g.num_rows - 1;
     for (int64_t n = 0; n < g.num_rows; ++n) {
       const int64_t ahead = slot_of<kDepthOne>(g, indices + std::min(n + kPrefetchRows, last_row) * depth);
-      prefetch_for_write(acc + std::max<int64_t>(ahead, 0));
+      prefetch<1>(acc + std::max<int64_t>(ahead, 0));
       const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
       if (C10_UNLIKELY(slot < 0)) {
         if (first_bad < 0) {
@@ -104,50 +143,139 @@ int64_t scatter_block(const Block& block, const NdIndexGeometry& g, const index_
     }
     return first_bad;
   }
-  if (slice == 1) {
-    // Rows come in chunks: first their slots and values are listed without
-    // a branch (a row of this block moves the end of the list on), then the
-    // listed ones are added. Random destinations make "is it mine?" a coin
-    // flip, too costly to branch on, and the additions run free of it.
-    int64_t slots[kChunkRows];
-    acc_t values[kChunkRows];
-    for (int64_t chunk = 0; chunk < g.num_rows; chunk += kChunkRows) {
-      const int64_t chunk_end = std::min(g.num_rows, chunk + kChunkRows);
-      int64_t listed = 0;
-      for (int64_t n = chunk; n < chunk_end; ++n) {
-        const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
-        if (C10_UNLIKELY(slot < 0) && first_bad < 0) {
-          first_bad = n;
-          if (stop_at_bad) {
-            return first_bad;
-          }
-        }
-        slots[listed] = slot;
-        values[listed] = static_cast<acc_t>(updates[n]);
-        listed += slot >= block.slot_begin && slot < block.slot_end;
-      }
-      for (int64_t k = 0; k < listed; ++k) {
-        prefetch_for_write(acc + slots[std::min(k + kPrefetchRows, listed - 1)]);
-        acc[slots[k]] += values[k];
-      }
-    }
-    return first_bad;
-  }
-  for (int64_t n = 0; n < g.num_rows; ++n) {
-    const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
-    if (slot < block.slot_begin || slot >= block.slot_end) {
-      if (slot < 0 && first_bad < 0) {
+  // Rows come in chunks: first their slots and values are listed without
+  // a branch (a row of this block moves the end of the list on), then the
+  // listed ones are added. Random destinations make "is it mine?" a coin
+  // flip, too costly to branch on, and the additions run free of it.
+  int64_t slots[kChunkRows];
+  acc_t values[kChunkRows];
+  for (int64_t chunk = 0; chunk < g.num_rows; chunk += kChunkRows) {
+    const int64_t chunk_end = std::min(g.num_rows, chunk + kChunkRows);
+    int64_t listed = 0;
+    for (int64_t n = chunk; n < chunk_end; ++n) {
+      const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
+      if (C10_UNLIKELY(slot < 0) && first_bad < 0) {
         first_bad = n;
         if (stop_at_bad) {
-          break;
+          return first_bad;
         }
       }
-      continue;
+      slots[listed] = slot;
+      values[listed] = static_cast<acc_t>(updates[n]);
+      listed += slot >= block.slot_begin && slot < block.slot_end;
     }
-    acc_t* dst = acc + slot * slice + block.column_begin;
-    const scalar_t* src = updates + n * slice + block.column_begin;
-    for (int64_t c = 0; c < columns; ++c) {
-      dst[c] += static_cast<acc_t>(src[c]);
+    for (int64_t k = 0; k < listed; ++k) {
+      prefetch<1>(acc + slots[std::min(k + kPrefetchRows, listed - 1)]);
+      acc[slots[k]] += values[k];
+    }
+  }
+  return first_bad;
+}
+
+
+// Slice updates: the block's slots are cut into tiles whose accumulator fits
+// in cache. The block's rows are first sorted by tile (a counting sort, so
+// each tile keeps its rows in index order); then every tile is started (from
+// `base`, or zeros), receives its rows, and (half/bfloat16) is rounded out of
+// a float tile. The output is thus written once, in order, and each update
+// row read once. Returns the first row out of bounds (and, with stop_at_bad,
+// stops there), or -1.
+template <bool kDepthOne, typename acc_t, typename scalar_t, typename index_t>
+int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index_t* indices,
+                       const scalar_t* updates, const scalar_t* base, scalar_t* out, bool stop_at_bad) {
+  constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
+  const int64_t depth = kDepthOne ? 1 : g.depth;
+  const int64_t slice = g.slice_size;
+  const int64_t columns = block.column_end - block.column_begin;
+  const int64_t slots = block.slot_end - block.slot_begin;
+  // Slots per tile, a power of two so a slot finds its tile by a shift.
+  int tile_shift = 0;
+  while ((int64_t{2} << tile_shift) * std::max<int64_t>(columns, 1) * static_cast<int64_t>(sizeof(acc_t)) <= kTileBytes) {
+    ++tile_shift;
+  }
+  const int64_t tile_slots = int64_t{1} << tile_shift;
+  const int64_t num_tiles = (slots + tile_slots - 1) >> tile_shift;
+
+  // Slot of every row (relative to the block; out of it: -1), then the rows
+  // of each tile, in index order.
+  std::vector<int64_t> row_slot(g.num_rows);
+  std::vector<int64_t> tile_start(num_tiles + 1, 0);
+  int64_t first_bad = -1;
+  for (int64_t n = 0; n < g.num_rows; ++n) {
+    const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
+    if (C10_UNLIKELY(slot < 0) && first_bad < 0) {
+      first_bad = n;
+      if (stop_at_bad) {
+        return first_bad;
+      }
+    }
+    const bool mine = slot >= block.slot_begin && slot < block.slot_end;
+    row_slot[n] = mine ? slot - block.slot_begin : -1;
+    if (mine) {
+      ++tile_start[((slot - block.slot_begin) >> tile_shift) + 1];
+    }
+  }
+  for (int64_t t = 0; t < num_tiles; ++t) {
+    tile_start[t + 1] += tile_start[t];
+  }
+  std::vector<int64_t> tile_rows(tile_start[num_tiles]);
+  {
+    std::vector<int64_t> next(tile_start.begin(), tile_start.end() - 1);
+    for (int64_t n = 0; n < g.num_rows; ++n) {
+      if (row_slot[n] >= 0) {
+        tile_rows[next[row_slot[n] >> tile_shift]++] = n;
+      }
+    }
+  }
+
+  const int64_t row_bytes = columns * static_cast<int64_t>(sizeof(scalar_t));
+  std::vector<acc_t> float_tile(kRounds ? tile_slots * columns : 0);
+  const auto out_row = [&](int64_t slot) { return out + (block.slot_begin + slot) * slice + block.column_begin; };
+  for (int64_t t = 0; t < num_tiles; ++t) {
+    const int64_t first_slot = t << tile_shift;
+    const int64_t end_slot = std::min(slots, first_slot + tile_slots);
+    const auto acc_row = [&](int64_t slot) {
+      if constexpr (kRounds) {
+        return float_tile.data() + (slot - first_slot) * columns;
+      } else {
+        return out_row(slot);
+      }
+    };
+    for (int64_t slot = first_slot; slot < end_slot; ++slot) {
+      acc_t* acc = acc_row(slot);
+      if (base != nullptr) {
+        const scalar_t* from = base + (out_row(slot) - out);
+        for (int64_t c = 0; c < columns; ++c) {
+          acc[c] = static_cast<acc_t>(from[c]);
+        }
+      } else {
+        std::fill(acc, acc + columns, acc_t{});
+      }
+    }
+    const int64_t rows_end = tile_start[t + 1];
+    for (int64_t k = tile_start[t]; k < rows_end; ++k) {
+      const int64_t n = tile_rows[k];
+      const scalar_t* src = updates + n * slice + block.column_begin;
+      if (k + kPrefetchSlices < rows_end) {
+        const char* ahead =
+            reinterpret_cast<const char*>(updates + tile_rows[k + kPrefetchSlices] * slice + block.column_begin);
+        for (int64_t byte = 0; byte < std::min(row_bytes, kPrefetchRowBytes); byte += 64) {
+          prefetch<0>(ahead + byte);
+        }
+      }
+      acc_t* acc = acc_row(row_slot[n]);
+      for (int64_t c = 0; c < columns; ++c) {
+        acc[c] += static_cast<acc_t>(src[c]);
+      }
+    }
+    if constexpr (kRounds) {
+      for (int64_t slot = first_slot; slot < end_slot; ++slot) {
+        const acc_t* acc = acc_row(slot);
+        scalar_t* dst = out_row(slot);
+        for (int64_t c = 0; c < columns; ++c) {
+          dst[c] = static_cast<scalar_t>(acc[c]);
+        }
+      }
     }
   }
   return first_bad;
@@ -161,40 +289,51 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
   const std::vector<Block> blocks = split_output(g);
   std::vector<int64_t> first_bad(blocks.size(), -1);
   const at::Tensor output = at::empty(shape, updates.options());
+  advise_huge_pages(output);
   const at::Tensor base = tensor != nullptr ? tensor->contiguous() : at::Tensor();
+  const bool elements = g.slice_size == 1;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
     AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
-      const at::Tensor acc =
-          kRounds ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value)) : output;
-      // As [slots, slice] matrices, in which every block is a rectangle.
-      const auto as_slots = [&](const at::Tensor& t) { return t.view({g.num_slots, g.slice_size}); };
-      const at::Tensor acc_slots = as_slots(acc);
-      const at::Tensor out_slots = as_slots(output);
-      const at::Tensor base_slots = base.defined() ? as_slots(base) : at::Tensor();
+      // Elements accumulate in a whole-output buffer (the output itself
+      // unless it rounds); slices in their own tiles.
+      const at::Tensor acc = kRounds && elements
+                                 ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value))
+                                 : output;
+      if (acc.data_ptr() != output.data_ptr()) {
+        advise_huge_pages(acc);
+      }
       const index_t* index_data = indices.const_data_ptr<index_t>();
       const scalar_t* update_data = updates.const_data_ptr<scalar_t>();
-      acc_t* acc_data = acc.mutable_data_ptr<acc_t>();
+      const scalar_t* base_data = base.defined() ? base.const_data_ptr<scalar_t>() : nullptr;
+      scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
+      acc_t* acc_data = static_cast<acc_t*>(acc.mutable_data_ptr());
       at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
           const Block& block = blocks[b];
-          const auto region = [&](const at::Tensor& t) {
-            return t.narrow(0, block.slot_begin, block.slot_end - block.slot_begin)
-                .narrow(1, block.column_begin, block.column_end - block.column_begin);
-          };
+          if (!elements) {
+            first_bad[b] = g.depth == 1 ? scatter_slices<true, acc_t>(block, g, index_data, update_data, base_data,
+                                                                      out_data, check_bounds)
+                                        : scatter_slices<false, acc_t>(block, g, index_data, update_data, base_data,
+                                                                       out_data, check_bounds);
+            continue;
+          }
           // ATen's copies (vectorised, and run by this thread alone here).
-          at::Tensor acc_region = region(acc_slots);
+          const auto region = [&](const at::Tensor& t) {
+            return t.view({g.num_slots}).narrow(0, block.slot_begin, block.slot_end - block.slot_begin);
+          };
+          at::Tensor acc_region = region(acc);
           if (base.defined()) {
-            acc_region.copy_(region(base_slots));
+            acc_region.copy_(region(base));
           } else {
             acc_region.zero_();
           }
           first_bad[b] = g.depth == 1
-                             ? scatter_block<true>(block, g, index_data, update_data, acc_data, check_bounds)
-                             : scatter_block<false>(block, g, index_data, update_data, acc_data, check_bounds);
+                             ? scatter_elements<true>(block, g, index_data, update_data, acc_data, check_bounds)
+                             : scatter_elements<false>(block, g, index_data, update_data, acc_data, check_bounds);
           if constexpr (kRounds) {
-            region(out_slots).copy_(acc_region);
+            region(output).copy_(acc_region);
           }
         }
       });
