@@ -13,6 +13,7 @@
 //
 // Gather: rows are split among threads; each row is one slice copy.
 #include "common.h"
+#include "cpu/compaction.h"
 #include "scatter_nd_index.h"
 
 #include <ATen/Dispatch.h>
@@ -27,11 +28,6 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
 
 namespace torch_masked {
 namespace cpu {
@@ -60,30 +56,6 @@ inline void prefetch(const void* address) {
   __builtin_prefetch(address, kForWrite);
 #else
   (void)address;
-#endif
-}
-
-// Outputs from this size on are fresh mmap'd memory (glibc's largest mmap
-// threshold), whose first touch costs a page fault per 4 KiB: more time than
-// the scatter itself. Transparent huge pages make that one fault per 2 MiB.
-constexpr int64_t kHugePageHintBytes = int64_t{32} << 20;
-
-// Asks for transparent huge pages over the whole pages of `t` before anything
-// touches it. Only a hint: where the system says no, nothing changes.
-void advise_huge_pages(const at::Tensor& t) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (static_cast<int64_t>(t.nbytes()) < kHugePageHintBytes) {
-    return;
-  }
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t data = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const uintptr_t begin = (data + page - 1) & ~(page - 1);
-  const uintptr_t end = (data + t.nbytes()) & ~(page - 1);
-  if (end > begin) {
-    (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  }
-#else
-  (void)t;
 #endif
 }
 
