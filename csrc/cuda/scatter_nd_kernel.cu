@@ -156,21 +156,32 @@ class FirstBadRow {
   at::Tensor flag_;
 };
 
+// Where element t of the [rows, slice] update (or gather) space lands in the
+// [slots, slice] tensor: its flat offset there, or -1 when its index row is
+// out of bounds (then noted once per row, by the row's first element).
+template <typename index_t>
+__device__ int64_t element_offset(const NdIndexGeometry& g, const index_t* indices, int64_t t, int64_t* first_bad) {
+  const int64_t row = t / g.slice_size;
+  const int64_t column = t - row * g.slice_size;
+  const int64_t slot = slot_of(g, indices + row * g.depth);
+  if (slot < 0) {
+    if (column == 0) {
+      note_bad_row(first_bad, row);
+    }
+    return -1;
+  }
+  return slot * g.slice_size + column;
+}
+
 // One thread per update element.
 template <typename scalar_t, typename index_t>
 __global__ void scatter_atomic_kernel(NdIndexGeometry g, const index_t* indices, const scalar_t* updates,
                                       scalar_t* out, int64_t total, int64_t* first_bad) {
   GRID_STRIDE_LOOP(t, total) {
-    const int64_t row = t / g.slice_size;
-    const int64_t column = t - row * g.slice_size;
-    const int64_t slot = slot_of(g, indices + row * g.depth);
-    if (slot < 0) {
-      if (column == 0) {
-        note_bad_row(first_bad, row);
-      }
-      continue;
+    const int64_t offset = element_offset(g, indices, t, first_bad);
+    if (offset >= 0) {
+      atomic_accumulate(out + offset, updates[t]);
     }
-    atomic_accumulate(out + slot * g.slice_size + column, updates[t]);
   }
 }
 
@@ -373,17 +384,8 @@ template <typename T, typename index_t>
 __global__ void gather_kernel(NdIndexGeometry g, const index_t* indices, const T* params, T* out, int64_t total,
                               int64_t* first_bad) {
   GRID_STRIDE_LOOP(t, total) {
-    const int64_t row = t / g.slice_size;
-    const int64_t column = t - row * g.slice_size;
-    const int64_t slot = slot_of(g, indices + row * g.depth);
-    if (slot < 0) {
-      if (column == 0) {
-        note_bad_row(first_bad, row);
-      }
-      out[t] = T{};
-    } else {
-      out[t] = params[slot * g.slice_size + column];
-    }
+    const int64_t offset = element_offset(g, indices, t, first_bad);
+    out[t] = offset >= 0 ? params[offset] : T{};
   }
 }
 
