@@ -93,7 +93,8 @@ def extensions():
     # at::parallel_for is a header template: without OpenMP here it runs every
     # kernel on one thread. libgomp is the one torch already loaded.
     cxx_flags += ["-fdiagnostics-color=always", "-fopenmp"]
-    sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
+    sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "cpu", "*.cpp"))
+                     + glob.glob(os.path.join(CSRC, "autograd", "*.cpp")))
     include_dirs = [os.path.join(ROOT, CSRC)]
     extra = {"cxx": cxx_flags}
     if with_cuda:

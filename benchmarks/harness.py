@@ -36,36 +36,45 @@ class Row:
         return self.ours_s / self.native_s
 
 
-def time_fn(fn, device, min_seconds=0.25, max_reps=200, warmup=2):
-    """Median seconds of one call. Both sides allocate their outputs anew on
-    every call, so page faults on fresh memory are paid alike."""
-    is_cuda = torch.device(device).type == "cuda"
-    for _ in range(warmup):
+def time_one_call(fn, is_cuda):
+    if is_cuda:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200, warmup=2):
+    """Median seconds of one call of each fn. The calls take turns, one of
+    each per round, so that a machine whose speed drifts (other tenants,
+    frequency changes) slows every side alike instead of whichever ran in
+    the slow moment. Every side allocates its outputs anew on every call, so
+    page faults on fresh memory are paid alike."""
+    is_cuda = torch.device(device).type == "cuda"
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
     if is_cuda:
         torch.cuda.synchronize()
-    samples = []
+    samples = [[] for _ in fns]
     start_all = time.perf_counter()
-    while len(samples) < max_reps and (len(samples) < 5 or time.perf_counter() - start_all < min_seconds):
-        if is_cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    rounds = 0
+    while rounds < max_rounds and (rounds < 5 or time.perf_counter() - start_all < min_seconds):
+        for fn, fn_samples in zip(fns, samples):
+            fn_samples.append(time_one_call(fn, is_cuda))
+        rounds += 1
+    return [statistics.median(fn_samples) for fn_samples in samples]
 
 
 def run_case(case, device):
-    ours = time_fn(case.ours, device)
-    native = time_fn(case.native, device)
-    numpy_s = time_fn(case.numpy, "cpu") if case.numpy is not None else None
-    return Row(case, ours, native, numpy_s)
+    fns = [case.ours, case.native] + ([case.numpy] if case.numpy is not None else [])
+    times = time_interleaved(fns, device)
+    return Row(case, times[0], times[1], times[2] if case.numpy is not None else None)
 
 
 def fmt_ms(seconds):

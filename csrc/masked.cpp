@@ -1,7 +1,8 @@
 // The one place where every torch.ops.masked schema is declared. Each kernel
 // file (csrc/cpu/<op>_kernel.cpp, csrc/cuda/<op>_kernel.cu) registers its own
-// implementations with TORCH_LIBRARY_IMPL; fake kernels and autograd formulas
-// are registered from Python (torch_masked/ops/<op>.py).
+// implementations with TORCH_LIBRARY_IMPL, and so does each autograd formula
+// (csrc/autograd/<op>_autograd.cpp); fake kernels are registered from Python
+// (torch_masked/ops/<op>.py).
 #include <Python.h>
 #include <torch/library.h>
 

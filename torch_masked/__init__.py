@@ -3,8 +3,8 @@ custom operators (``torch.ops.masked.*``) with our own CPU and CUDA kernels,
 fake kernels and autograd formulas.
 
 Importing the package loads the compiled extension ``torch_masked._C`` (which
-declares the schemas and registers the kernels), then registers the fake
-kernels and autograd formulas and exposes the Python front door. A missing or
+declares the schemas and registers the kernels and autograd formulas), then
+registers the fake kernels and exposes the Python front door. A missing or
 broken build fails here, loudly, with the original error.
 """
 

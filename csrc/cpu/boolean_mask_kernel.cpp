@@ -236,25 +236,29 @@ struct BranchFreeMover {
   // Every position writes its slice, from the packed slice k or zero, and
   // only a true one advances k. Packed slice k is read for false positions
   // too, which stays inside the chunk's part as long as a true position
-  // follows, so the branch-free loop stops at the last true one.
+  // follows, so the branch-free loop stops at the last true one. A word of
+  // 8 equal positions starts a run, moved by one memset or memcpy: a sparse
+  // mask then costs a few long memsets, not one short one per word.
   void expand_block(const uint8_t* mask, int64_t begin, int64_t end, const Unit* src, Unit* dst) const {
     const int64_t last = end_of_last_true(mask, begin, end);
     int64_t k = 0;
     int64_t j = begin;
-    for (; j + kWord <= last; j += kWord) {
+    while (j + kWord <= last) {
       const uint64_t word = load_word(mask + j);
-      if (word == 0) {
-        std::memset(dst + j * stride(), 0, kWord * stride() * sizeof(Unit));
+      if (word == 0 || word == kAllTrue) {
+        const int64_t stop = run_end(mask, j, last);
+        if (word == 0) {
+          std::memset(dst + j * stride(), 0, (stop - j) * stride() * sizeof(Unit));
+        } else {
+          std::memcpy(dst + j * stride(), src + k * stride(), (stop - j) * stride() * sizeof(Unit));
+          k += stop - j;
+        }
+        j = stop;
         continue;
       }
-      if (word == kAllTrue) {
-        std::memcpy(dst + j * stride(), src + k * stride(), kWord * stride() * sizeof(Unit));
-        k += kWord;
-        continue;
-      }
-      for (int64_t u = j; u < j + kWord; ++u) {
-        copy_or_zero(dst + u * stride(), src + k * stride(), mask[u] != 0);
-        k += mask[u] != 0;
+      for (const int64_t word_end = j + kWord; j < word_end; ++j) {
+        copy_or_zero(dst + j * stride(), src + k * stride(), mask[j] != 0);
+        k += mask[j] != 0;
       }
     }
     for (; j < last; ++j) {

@@ -1,8 +1,9 @@
-"""masked::boolean_mask and masked::boolean_mask_backward: fake kernels,
-autograd formulas and the front door ``torch_masked.boolean_mask``.
+"""masked::boolean_mask and masked::boolean_mask_backward: fake kernels and
+the front door ``torch_masked.boolean_mask``.
 
 The backward op writes the gradient slices back into zeros; its own gradient
-is ``boolean_mask`` again, so every order of derivative stays inside our ops.
+is ``boolean_mask`` again, so every order of derivative stays inside our ops
+(csrc/autograd/boolean_mask_autograd.cpp).
 """
 import operator
 
@@ -70,41 +71,6 @@ def _boolean_mask_backward_fake(grad, mask, input_shape, axis):
         if size is not None:
             torch._check_value(size == grad_size, message)
     return grad.new_empty(input_shape)
-
-
-def _setup_context(ctx, inputs, output):
-    tensor, mask, axis = inputs
-    ctx.save_for_backward(mask)
-    ctx.input_shape = tensor.shape
-    ctx.axis = axis + tensor.dim() if axis < 0 else axis
-
-
-def _boolean_mask_grad(ctx, grad):
-    (mask,) = ctx.saved_tensors
-    grad_tensor = None
-    if ctx.needs_input_grad[0]:
-        grad_tensor = torch.ops.masked.boolean_mask_backward.default(grad, mask, ctx.input_shape, ctx.axis)
-    return grad_tensor, None, None
-
-
-def _backward_setup_context(ctx, inputs, output):
-    _, mask, _, axis = inputs
-    ctx.save_for_backward(mask)
-    ctx.axis = axis
-
-
-def _boolean_mask_backward_grad(ctx, grad_grad):
-    (mask,) = ctx.saved_tensors
-    grad = None
-    if ctx.needs_input_grad[0]:
-        grad = torch.ops.masked.boolean_mask.default(grad_grad, mask, ctx.axis)
-    return grad, None, None, None
-
-
-torch.library.register_autograd("masked::boolean_mask", _boolean_mask_grad, setup_context=_setup_context)
-torch.library.register_autograd(
-    "masked::boolean_mask_backward", _boolean_mask_backward_grad, setup_context=_backward_setup_context
-)
 
 
 def boolean_mask(tensor, mask, axis=None):

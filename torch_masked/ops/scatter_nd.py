@@ -1,12 +1,9 @@
 """masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add: fake
-kernels, autograd formulas and the front doors ``torch_masked.scatter_nd``,
-``gather_nd`` and ``tensor_scatter_nd_add``.
+kernels and the front doors ``torch_masked.scatter_nd``, ``gather_nd`` and
+``tensor_scatter_nd_add``.
 
-Each backward is one of the other two ops (scatter <-> gather), so double
-backward and compiled backward need nothing more. Backward calls pass
-``check_bounds=False``: the forward call already checked the same indices
-(autograd's version counter guards them against in-place changes), and the
-backward then costs no device sync.
+Each backward is one of the other two ops (scatter <-> gather), in
+csrc/autograd/scatter_nd_autograd.cpp.
 """
 import torch
 
@@ -95,55 +92,6 @@ def _gather_nd_fake(params, indices, *, check_bounds=True):
     check_same_device("gather_nd", params=params, indices=indices)
     depth = _check_indices("gather_nd", indices, params.shape, "params.shape")
     return params.new_empty(_rows_shape(indices, params.shape, depth))
-
-
-def _gather_unchecked(grad, indices):
-    return torch.ops.masked.gather_nd.default(grad, indices, check_bounds=False)
-
-
-def _scatter_nd_setup(ctx, inputs, keyword_only_inputs, output):
-    indices, _, _ = inputs
-    ctx.save_for_backward(indices)
-
-
-def _scatter_nd_backward(ctx, grad):
-    (indices,) = ctx.saved_tensors
-    grad_updates = _gather_unchecked(grad, indices) if ctx.needs_input_grad[1] else None
-    return None, grad_updates, None
-
-
-def _tensor_scatter_nd_add_setup(ctx, inputs, keyword_only_inputs, output):
-    _, indices, _ = inputs
-    ctx.save_for_backward(indices)
-
-
-def _tensor_scatter_nd_add_backward(ctx, grad):
-    (indices,) = ctx.saved_tensors
-    grad_updates = _gather_unchecked(grad, indices) if ctx.needs_input_grad[2] else None
-    return grad, None, grad_updates
-
-
-def _gather_nd_setup(ctx, inputs, keyword_only_inputs, output):
-    params, indices = inputs
-    ctx.params_shape = params.shape
-    ctx.save_for_backward(indices)
-
-
-def _gather_nd_backward(ctx, grad):
-    (indices,) = ctx.saved_tensors
-    grad_params = None
-    if ctx.needs_input_grad[0]:
-        grad_params = torch.ops.masked.scatter_nd.default(indices, grad, ctx.params_shape, check_bounds=False)
-    return grad_params, None
-
-
-torch.library.register_autograd(
-    "masked::scatter_nd", _scatter_nd_backward, setup_context=_scatter_nd_setup
-)
-torch.library.register_autograd(
-    "masked::tensor_scatter_nd_add", _tensor_scatter_nd_add_backward, setup_context=_tensor_scatter_nd_add_setup
-)
-torch.library.register_autograd("masked::gather_nd", _gather_nd_backward, setup_context=_gather_nd_setup)
 
 
 def _as_tensor(value, device, dtype=None):

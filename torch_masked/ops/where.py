@@ -1,6 +1,6 @@
 """masked::where (index mode), masked::where.self and masked::select: fake
-kernels, autograd formulas and the front doors ``torch_masked.where`` and
-``torch_masked.select``.
+kernels and the front doors ``torch_masked.where`` and ``torch_masked.select``
+(their gradients: csrc/autograd/where_autograd.cpp).
 
 ``where(condition)`` is a composite of ``masked::nonzero`` registered in C++
 (csrc/where.cpp), so it has no fake kernel or formula of its own here.
@@ -81,54 +81,6 @@ def _select_fake(condition, x, y):
         _check_shape("select", condition.shape, x.shape, condition_message)
     _check_dims("select", x.dim())
     return x.new_empty(x.shape, dtype=torch.result_type(x, y))
-
-
-# Autograd. The gradient of a selection is the same selection of the upstream
-# gradient against zero: each branch gets the gradient where it was chosen and
-# an exact zero elsewhere (so a NaN or inf never leaks across), summed back to
-# the branch's own shape and cast to its own dtype. Built from our own ops, so
-# double backward and compiled backward work.
-
-
-def _setup_context(ctx, inputs, output):
-    condition, x, y = inputs
-    ctx.save_for_backward(condition)
-    ctx.branches = [(x.shape, x.dtype), (y.shape, y.dtype)]
-
-
-def _to_branch(grad, shape, dtype):
-    if grad.is_complex() and not dtype.is_complex:
-        grad = torch.real(grad)
-    return grad.sum_to_size(shape).to(dtype)
-
-
-def _where_self_backward(ctx, grad):
-    (condition,) = ctx.saved_tensors
-    (x_shape, x_dtype), (y_shape, y_dtype) = ctx.branches
-    zero = grad.new_zeros(())
-    grad_x = grad_y = None
-    if ctx.needs_input_grad[1]:
-        grad_x = _to_branch(torch.ops.masked.where.self(condition, grad, zero), x_shape, x_dtype)
-    if ctx.needs_input_grad[2]:
-        grad_y = _to_branch(torch.ops.masked.where.self(condition, zero, grad), y_shape, y_dtype)
-    return None, grad_x, grad_y
-
-
-def _select_backward(ctx, grad):
-    (condition,) = ctx.saved_tensors
-    (x_shape, x_dtype), (y_shape, y_dtype) = ctx.branches
-    # select takes no broadcast branch: the zeros have the gradient's shape.
-    zeros = torch.zeros_like(grad)
-    grad_x = grad_y = None
-    if ctx.needs_input_grad[1]:
-        grad_x = _to_branch(torch.ops.masked.select(condition, grad, zeros), x_shape, x_dtype)
-    if ctx.needs_input_grad[2]:
-        grad_y = _to_branch(torch.ops.masked.select(condition, zeros, grad), y_shape, y_dtype)
-    return None, grad_x, grad_y
-
-
-torch.library.register_autograd("masked::where.self", _where_self_backward, setup_context=_setup_context)
-torch.library.register_autograd("masked::select", _select_backward, setup_context=_setup_context)
 
 
 # Front doors.

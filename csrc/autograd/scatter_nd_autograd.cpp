@@ -1,0 +1,122 @@
+// Autograd for masked::scatter_nd, masked::gather_nd and
+// masked::tensor_scatter_nd_add. Each backward is one of the other ops
+// (scatter <-> gather), so double backward and compiled backward need
+// nothing more. Backward calls pass check_bounds=false: the forward call
+// already checked the same indices (autograd's version counter guards them
+// against in-place changes), and the backward then costs no device sync.
+// In C++ rather than with torch.library.register_autograd: the Python layer
+// cost more than the kernels on sub-millisecond calls.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+namespace torch_masked {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor call_scatter_nd(const at::Tensor& indices, const at::Tensor& updates, c10::SymIntArrayRef shape,
+                           bool check_bounds) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("masked::scatter_nd", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, bool)>();
+  return op.call(indices, updates, shape, check_bounds);
+}
+
+at::Tensor call_gather_nd(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("masked::gather_nd", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>();
+  return op.call(params, indices, check_bounds);
+}
+
+at::Tensor call_tensor_scatter_nd_add(const at::Tensor& tensor, const at::Tensor& indices,
+                                      const at::Tensor& updates, bool check_bounds) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("masked::tensor_scatter_nd_add", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>();
+  return op.call(tensor, indices, updates, check_bounds);
+}
+
+// The gradient of the updates: the upstream gradient's slices at the indices.
+at::Tensor gather_updates_grad(AutogradContext* ctx, size_t updates_input, const at::Tensor& grad) {
+  if (!ctx->needs_input_grad(updates_input)) {
+    return at::Tensor();
+  }
+  return call_gather_nd(grad, ctx->get_saved_variables()[0], /*check_bounds=*/false);
+}
+
+class ScatterNd : public torch::autograd::Function<ScatterNd> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& indices, const at::Tensor& updates,
+                            c10::SymIntArrayRef shape, bool check_bounds) {
+    ctx->save_for_backward({indices});
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_scatter_nd(indices, updates, shape, check_bounds);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::Tensor(), gather_updates_grad(ctx, 1, grads[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
+class TensorScatterNdAdd : public torch::autograd::Function<TensorScatterNdAdd> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tensor, const at::Tensor& indices,
+                            const at::Tensor& updates, bool check_bounds) {
+    ctx->save_for_backward({indices});
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_tensor_scatter_nd_add(tensor, indices, updates, check_bounds);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], at::Tensor(), gather_updates_grad(ctx, 2, grads[0]), at::Tensor()};
+  }
+};
+
+class GatherNd : public torch::autograd::Function<GatherNd> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& params, const at::Tensor& indices,
+                            bool check_bounds) {
+    ctx->save_for_backward({indices});
+    ctx->saved_data["params_shape"] = params.sym_sizes();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_gather_nd(params, indices, check_bounds);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor grad_params;
+    if (ctx->needs_input_grad(0)) {
+      grad_params = call_scatter_nd(ctx->get_saved_variables()[0], grads[0],
+                                    ctx->saved_data["params_shape"].toSymIntVector(), /*check_bounds=*/false);
+    }
+    return {grad_params, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor scatter_nd_autograd(const at::Tensor& indices, const at::Tensor& updates, c10::SymIntArrayRef shape,
+                               bool check_bounds) {
+  return ScatterNd::apply(indices, updates, shape, check_bounds);
+}
+
+at::Tensor tensor_scatter_nd_add_autograd(const at::Tensor& tensor, const at::Tensor& indices,
+                                          const at::Tensor& updates, bool check_bounds) {
+  return TensorScatterNdAdd::apply(tensor, indices, updates, check_bounds);
+}
+
+at::Tensor gather_nd_autograd(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
+  return GatherNd::apply(params, indices, check_bounds);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, Autograd, m) {
+  m.impl("scatter_nd", &scatter_nd_autograd);
+  m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_autograd);
+  m.impl("gather_nd", &gather_nd_autograd);
+}
+
+}  // namespace torch_masked

@@ -1,0 +1,93 @@
+// Autograd for masked::where.self and masked::select. The gradient of a
+// selection is the same selection of the upstream gradient against zero:
+// each branch gets the gradient where it was chosen and an exact zero
+// elsewhere (so a NaN or inf never leaks across), summed back to the
+// branch's own shape and cast to its own dtype. Built from our own ops, so
+// double backward and compiled backward work. In C++ rather than with
+// torch.library.register_autograd: the Python layer cost more than the
+// kernels on sub-millisecond calls.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+namespace torch_masked {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using SelectionSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+
+// where.self broadcasts, so a 0-d zero serves every gradient.
+struct WhereSelf {
+  static at::Tensor call(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("masked::where", "self").typed<SelectionSignature>();
+    return op.call(condition, x, y);
+  }
+  static at::Tensor zeros_for(const at::Tensor& grad) { return at::zeros({}, grad.options()); }
+};
+
+// select does not broadcast its branches: the zeros take the gradient's shape.
+struct Select {
+  static at::Tensor call(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("masked::select", "").typed<SelectionSignature>();
+    return op.call(condition, x, y);
+  }
+  static at::Tensor zeros_for(const at::Tensor& grad) { return at::zeros_like(grad); }
+};
+
+at::Tensor to_branch(at::Tensor grad, const c10::IValue& shape, const c10::IValue& dtype) {
+  const auto branch_dtype = static_cast<at::ScalarType>(dtype.toInt());
+  if (grad.is_complex() && !at::isComplexType(branch_dtype)) {
+    grad = at::real(grad);
+  }
+  return grad.sum_to_size_symint(shape.toSymIntVector()).to(branch_dtype);
+}
+
+template <typename Op>
+class Selection : public torch::autograd::Function<Selection<Op>> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& condition, const at::Tensor& x,
+                            const at::Tensor& y) {
+    ctx->save_for_backward({condition});
+    ctx->saved_data["x_shape"] = x.sym_sizes();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["y_shape"] = y.sym_sizes();
+    ctx->saved_data["y_dtype"] = static_cast<int64_t>(y.scalar_type());
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return Op::call(condition, x, y);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor condition = ctx->get_saved_variables()[0];
+    const at::Tensor& grad = grads[0];
+    const at::Tensor zeros = Op::zeros_for(grad);
+    at::Tensor grad_x, grad_y;
+    if (ctx->needs_input_grad(1)) {
+      grad_x = to_branch(Op::call(condition, grad, zeros), ctx->saved_data["x_shape"], ctx->saved_data["x_dtype"]);
+    }
+    if (ctx->needs_input_grad(2)) {
+      grad_y = to_branch(Op::call(condition, zeros, grad), ctx->saved_data["y_shape"], ctx->saved_data["y_dtype"]);
+    }
+    return {at::Tensor(), grad_x, grad_y};
+  }
+};
+
+at::Tensor where_self_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
+  return Selection<WhereSelf>::apply(condition, x, y);
+}
+
+at::Tensor select_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
+  return Selection<Select>::apply(condition, x, y);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(masked, Autograd, m) {
+  m.impl("where.self", &where_self_autograd);
+  m.impl("select", &select_autograd);
+}
+
+}  // namespace torch_masked
