@@ -4,7 +4,8 @@
 //     output, with the matching run of condition bytes;
 //   - rows (the condition fixed along the innermost axis, x and y unit-stride
 //     along it: select's rows, a [N, 1] condition, a scalar one): each row is
-//     copied whole from x or y in the widest units its alignment allows;
+//     copied whole from x or y in the widest units its alignment allows, a
+//     warp per piece of a row;
 //   - anything else: one output element per thread, offsets from the shared
 //     geometry.
 // All offsets are 64-bit.
@@ -25,8 +26,13 @@ namespace {
 constexpr int kThreads = 256;
 // Vectors per thread per loop step in the contiguous kernel: more loads in flight.
 constexpr int kUnroll = 2;
-// Units per thread in one block's piece of a row.
-constexpr int64_t kRowUnitsPerThread = 8;
+// A row moves in pieces of kPieceUnits units, one warp per piece, each lane
+// loading all its kLaneUnits units before storing any: many loads in flight
+// per thread, where a block per short row would leave most threads idle and
+// the rest waiting on one load each.
+constexpr int kWarp = 32;
+constexpr int kLaneUnits = 8;
+constexpr int64_t kPieceUnits = kWarp * kLaneUnits;
 // Rows shorter than this many bytes go through the element-wise kernel: a
 // block per row would leave most threads idle.
 constexpr int64_t kMinRowBytes = 256;
@@ -88,28 +94,41 @@ __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, c
 }
 
 // Copies each innermost run (row) of the output from x or y as condition
-// element of the row says. Work items are (row, piece) pairs, so that a few
-// long rows still spread over many blocks. Offsets are in elements of
-// `element_size` bytes; rows move in units U.
+// element of the row says. Work items are (row, piece) pairs, one per warp,
+// so that a few long rows still spread over the whole grid. Offsets are in
+// elements of `element_size` bytes; rows move in units U.
 template <typename U>
 __global__ void select_rows_kernel(SelectGeometry g, int64_t element_size, const uint8_t* __restrict__ condition,
                                    const char* __restrict__ x, const char* __restrict__ y, char* __restrict__ out,
                                    int64_t rows) {
   const int64_t row_len = g.sizes[0];
   const int64_t row_units = row_len * element_size / static_cast<int64_t>(sizeof(U));
-  const int64_t piece_units = kRowUnitsPerThread * blockDim.x;
-  const int64_t pieces = (row_units + piece_units - 1) / piece_units;
-  for (int64_t item = blockIdx.x; item < rows * pieces; item += gridDim.x) {
+  const int64_t pieces = (row_units + kPieceUnits - 1) / kPieceUnits;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; item < rows * pieces;
+       item += warps) {
     const int64_t row = item / pieces;
-    const int64_t first = (item % pieces) * piece_units;
-    const int64_t last = first + piece_units < row_units ? first + piece_units : row_units;
+    const int64_t first = (item - row * pieces) * kPieceUnits;
+    const int64_t count = row_units - first < kPieceUnits ? row_units - first : kPieceUnits;
     int64_t offsets[kNumSelectOperands];
     g.offsets_at(row * row_len, offsets);
     const bool pick_x = condition[offsets[kCondition]] != 0;
-    const U* src = reinterpret_cast<const U*>(pick_x ? x + offsets[kX] * element_size : y + offsets[kY] * element_size);
-    U* dst = reinterpret_cast<U*>(out + row * row_len * element_size);
-    for (int64_t u = first + threadIdx.x; u < last; u += blockDim.x) {
-      dst[u] = src[u];
+    const U* src =
+        reinterpret_cast<const U*>(pick_x ? x + offsets[kX] * element_size : y + offsets[kY] * element_size) + first;
+    U* dst = reinterpret_cast<U*>(out + row * row_len * element_size) + first;
+    U values[kLaneUnits];
+#pragma unroll
+    for (int k = 0; k < kLaneUnits; ++k) {
+      if (lane + k * kWarp < count) {
+        values[k] = src[lane + k * kWarp];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneUnits; ++k) {
+      if (lane + k * kWarp < count) {
+        dst[lane + k * kWarp] = values[k];
+      }
     }
   }
 }
@@ -183,8 +202,8 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
   if (unit > 0) {
     const int64_t rows = n / g.sizes[0];
     const int64_t row_units = g.sizes[0] * static_cast<int64_t>(sizeof(T)) / unit;
-    const int64_t pieces = (row_units + kRowUnitsPerThread * kThreads - 1) / (kRowUnitsPerThread * kThreads);
-    const int blocks = blocks_for(rows * pieces, 1);
+    const int64_t pieces = (row_units + kPieceUnits - 1) / kPieceUnits;
+    const int blocks = blocks_for(rows * pieces, kThreads / kWarp);
     dispatch_by_element_size("select", unit, [&](auto unit_tag) {
       using U = decltype(unit_tag);
       select_rows_kernel<U><<<blocks, kThreads, 0, stream>>>(
