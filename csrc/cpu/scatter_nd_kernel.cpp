@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -201,14 +202,17 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
   }
 
   const int64_t row_bytes = columns * static_cast<int64_t>(sizeof(scalar_t));
-  std::vector<acc_t> float_tile(kRounds ? tile_slots * columns : 0);
+  const int64_t acc_row_bytes = columns * static_cast<int64_t>(sizeof(acc_t));
+  // Left uninitialized (a vector would zero it first): every tile starts its
+  // own slots before adding into them.
+  const std::unique_ptr<acc_t[]> float_tile(kRounds ? new acc_t[tile_slots * columns] : nullptr);
   const auto out_row = [&](int64_t slot) { return out + (block.slot_begin + slot) * slice + block.column_begin; };
   for (int64_t t = 0; t < num_tiles; ++t) {
     const int64_t first_slot = t << tile_shift;
     const int64_t end_slot = std::min(slots, first_slot + tile_slots);
     const auto acc_row = [&](int64_t slot) {
       if constexpr (kRounds) {
-        return float_tile.data() + (slot - first_slot) * columns;
+        return float_tile.get() + (slot - first_slot) * columns;
       } else {
         return out_row(slot);
       }
@@ -229,10 +233,16 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
       const int64_t n = tile_rows[k];
       const scalar_t* src = updates + n * slice + block.column_begin;
       if (k + kPrefetchSlices < rows_end) {
-        const char* ahead =
-            reinterpret_cast<const char*>(updates + tile_rows[k + kPrefetchSlices] * slice + block.column_begin);
+        // Both sides of a later addition: its update row and the tile row it
+        // lands on (a random one, beyond the core's own cache).
+        const int64_t ahead = tile_rows[k + kPrefetchSlices];
+        const char* ahead_src = reinterpret_cast<const char*>(updates + ahead * slice + block.column_begin);
+        const char* ahead_acc = reinterpret_cast<const char*>(acc_row(row_slot[ahead]));
         for (int64_t byte = 0; byte < std::min(row_bytes, kPrefetchRowBytes); byte += 64) {
-          prefetch<0>(ahead + byte);
+          prefetch<0>(ahead_src + byte);
+        }
+        for (int64_t byte = 0; byte < std::min(acc_row_bytes, kPrefetchRowBytes); byte += 64) {
+          prefetch<1>(ahead_acc + byte);
         }
       }
       acc_t* acc = acc_row(row_slot[n]);
