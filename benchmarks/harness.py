@@ -53,8 +53,10 @@ def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200, warmup=2):
     """Median seconds of one call of each fn. The calls take turns, one of
     each per round, so that a machine whose speed drifts (other tenants,
     frequency changes) slows every side alike instead of whichever ran in
-    the slow moment. Every side allocates its outputs anew on every call, so
-    page faults on fresh memory are paid alike."""
+    the slow moment; the round's first call rotates, so that no side always
+    follows the same one (and finds its inputs in cache, or evicted). Every
+    side allocates its outputs anew on every call, so page faults on fresh
+    memory are paid alike."""
     is_cuda = torch.device(device).type == "cuda"
     for fn in fns:
         for _ in range(warmup):
@@ -65,8 +67,9 @@ def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200, warmup=2):
     start_all = time.perf_counter()
     rounds = 0
     while rounds < max_rounds and (rounds < 5 or time.perf_counter() - start_all < min_seconds):
-        for fn, fn_samples in zip(fns, samples):
-            fn_samples.append(time_one_call(fn, is_cuda))
+        for k in range(len(fns)):
+            side = (rounds + k) % len(fns)
+            samples[side].append(time_one_call(fns[side], is_cuda))
         rounds += 1
     return [statistics.median(fn_samples) for fn_samples in samples]
 
