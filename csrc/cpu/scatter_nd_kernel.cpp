@@ -47,7 +47,7 @@ constexpr int64_t kPrefetchRows = 32;
 // update rows ahead are prefetched.
 constexpr int64_t kTileBytes = int64_t{1} << 20;
 constexpr int64_t kPrefetchSlices = 8;
-// Bytes of each such row prefetched (its first cache lines).
+// Bytes of each such row prefetched (its first cache lines) on each side.
 constexpr int64_t kPrefetchRowBytes = 512;
 
 // Prefetch of the cache line holding `address`, for reading (0) or writing (1).
@@ -58,6 +58,14 @@ inline void prefetch(const void* address) {
 #else
   (void)address;
 #endif
+}
+
+// Prefetch of the first cache lines (up to kPrefetchRowBytes) of a row of `bytes`.
+template <int kForWrite>
+inline void prefetch_row(const void* row, int64_t bytes) {
+  for (int64_t byte = 0; byte < std::min(bytes, kPrefetchRowBytes); byte += 64) {
+    prefetch<kForWrite>(static_cast<const char*>(row) + byte);
+  }
 }
 
 // A part of the output: slots [slot_begin, slot_end), columns
@@ -236,14 +244,8 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
         // Both sides of a later addition: its update row and the tile row it
         // lands on (a random one, beyond the core's own cache).
         const int64_t ahead = tile_rows[k + kPrefetchSlices];
-        const char* ahead_src = reinterpret_cast<const char*>(updates + ahead * slice + block.column_begin);
-        const char* ahead_acc = reinterpret_cast<const char*>(acc_row(row_slot[ahead]));
-        for (int64_t byte = 0; byte < std::min(row_bytes, kPrefetchRowBytes); byte += 64) {
-          prefetch<0>(ahead_src + byte);
-        }
-        for (int64_t byte = 0; byte < std::min(acc_row_bytes, kPrefetchRowBytes); byte += 64) {
-          prefetch<1>(ahead_acc + byte);
-        }
+        prefetch_row<0>(updates + ahead * slice + block.column_begin, row_bytes);
+        prefetch_row<1>(acc_row(row_slot[ahead]), acc_row_bytes);
       }
       acc_t* acc = acc_row(row_slot[n]);
       for (int64_t c = 0; c < columns; ++c) {

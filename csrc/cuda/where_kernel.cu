@@ -34,7 +34,7 @@ constexpr int kWarp = 32;
 constexpr int kLaneUnits = 8;
 constexpr int64_t kPieceUnits = kWarp * kLaneUnits;
 // Rows shorter than this many bytes go through the element-wise kernel: a
-// block per row would leave most threads idle.
+// warp per row would leave most lanes idle.
 constexpr int64_t kMinRowBytes = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 30;
 
