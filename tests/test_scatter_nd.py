@@ -130,34 +130,54 @@ def test_larger_inputs_match_references(device, dtype):
         assert_same(torch_masked.gather_nd(base.to(device), indices_d), reference_gather(base, indices))
 
 
-def test_cpu_sums_in_index_order_like_numpy_add_at():
-    """Each destination adds its updates in index order: float32 results are
-    bitwise np.add.at's, and bfloat16 ones are float32 sums rounded once."""
+@pytest.mark.parametrize("width", [1, 3])
+def test_cpu_sums_in_index_order_like_numpy_add_at(width):
+    """Each destination adds its updates in index order, for elements
+    (width 1) and slices: float32 results are bitwise np.add.at's, and
+    bfloat16 ones are float32 sums rounded once."""
     gen = torch.Generator().manual_seed(3)
-    n = 200_000
+    n = 200_000 // width
+    shape = [1000] if width == 1 else [1000, width]
     idx = torch.randint(0, 1000, (n,), generator=gen)
-    upd = torch.randn(n, generator=gen)
-    expected = np.zeros(1000, np.float32)
+    upd = torch.randn([n] + shape[1:], generator=gen)
+    expected = np.zeros(shape, np.float32)
     np.add.at(expected, idx.numpy(), upd.numpy())
     # A row out of bounds, dropped with check_bounds=False.
     bad_idx = torch.cat([idx[:5], torch.tensor([1000]), idx[5:]])
-    bad_upd = torch.cat([upd[:5], torch.tensor([7.0]), upd[5:]])
-    for threads in (1, 2, 4):  # one block, one block, two blocks
+    bad_upd = torch.cat([upd[:5], torch.full([1] + shape[1:], 7.0), upd[5:]])
+    for threads in (1, 2, 4):  # elements: one block, one block, two blocks
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            ours = torch_masked.scatter_nd(idx.unsqueeze(1), upd, [1000])
-            ours_bf16 = torch_masked.scatter_nd(idx.unsqueeze(1), upd.bfloat16(), [1000])
-            dropped = torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, [1000], check_bounds=False)
+            ours = torch_masked.scatter_nd(idx.unsqueeze(1), upd, shape)
+            ours_bf16 = torch_masked.scatter_nd(idx.unsqueeze(1), upd.bfloat16(), shape)
+            dropped = torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, shape, check_bounds=False)
             with pytest.raises(IndexError, match=r"got \[1000\] at indices\[5\]"):
-                torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, [1000])
+                torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, shape)
         finally:
             torch.set_num_threads(previous)
         assert torch.equal(ours, torch.from_numpy(expected))
         assert torch.equal(dropped, ours)
-        expected_bf16 = np.zeros(1000, np.float32)
+        expected_bf16 = np.zeros(shape, np.float32)
         np.add.at(expected_bf16, idx.numpy(), upd.bfloat16().float().numpy())
         assert torch.equal(ours_bf16, torch.from_numpy(expected_bf16).bfloat16())
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_cpu_negative_zero_updates_sum_to_positive_zero(width):
+    """As in a zeroed output that the updates are added to (index_put_'s
+    accumulate): 0.0 + -0.0 is +0.0. tensor_scatter_nd_add keeps a -0.0 of
+    the tensor that nothing is added to."""
+    shape = [4] if width == 1 else [4, width]
+    updates = torch.full([2] + shape[1:], -0.0)
+    indices = torch.tensor([[1], [1]])
+    expected_signs = torch.zeros(shape).index_put_((indices[:, 0],), updates, accumulate=True).signbit()
+    for dtype in (torch.float32, torch.bfloat16):
+        out = torch_masked.scatter_nd(indices, updates.to(dtype), shape)
+        assert torch.equal(out.signbit(), expected_signs) and not out.signbit().any()
+        base = torch.full(shape, -0.0, dtype=dtype)
+        out = torch_masked.tensor_scatter_nd_add(base, indices, updates.to(dtype))
+        assert out.signbit().all()  # -0.0 + -0.0 + -0.0 and untouched -0.0
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,9 +7,8 @@
 // rows whose slot is in its block. No two threads write the same element and
 // each element receives its updates in index order, so the sums are the same
 // bits on every run and for every thread count, with no atomics. half and
-// bfloat16 accumulate in float and round once at the end. Slices go through
-// cache-sized tiles of the block (see scatter_slices), so the output is
-// written in one pass.
+// bfloat16 accumulate in float and round once at the end. Slices are sorted
+// by slot first (see scatter_slices), so the output is written in one pass.
 //
 // Gather: rows are split among threads; each row is one slice copy.
 #include "common.h"
@@ -42,12 +41,11 @@ constexpr int64_t kMinBlockColumns = 512;
 // blocks), and how far ahead it prefetches destinations.
 constexpr int64_t kChunkRows = 256;
 constexpr int64_t kPrefetchRows = 32;
-// Accumulator bytes per tile of a slice scatter (inside the shared cache;
-// measured faster here than L2-sized tiles), and how many of the tile's
-// update rows ahead are prefetched.
-constexpr int64_t kTileBytes = int64_t{1} << 20;
+// Columns a half/bfloat16 slice scatter sums at a time in its float buffer
+// (4 KiB, well inside the nearest cache); how many sorted update rows ahead
+// it prefetches, and how many bytes of each (its first cache lines).
+constexpr int64_t kSumColumns = 1024;
 constexpr int64_t kPrefetchSlices = 8;
-// Bytes of each such row prefetched (its first cache lines) on each side.
 constexpr int64_t kPrefetchRowBytes = 512;
 
 // Prefetch of the cache line holding `address`, for reading (0) or writing (1).
@@ -60,11 +58,10 @@ inline void prefetch(const void* address) {
 #endif
 }
 
-// Prefetch of the first cache lines (up to kPrefetchRowBytes) of a row of `bytes`.
-template <int kForWrite>
+// Prefetch for reading of the first cache lines (up to kPrefetchRowBytes) of a row of `bytes`.
 inline void prefetch_row(const void* row, int64_t bytes) {
   for (int64_t byte = 0; byte < std::min(bytes, kPrefetchRowBytes); byte += 64) {
-    prefetch<kForWrite>(static_cast<const char*>(row) + byte);
+    prefetch<0>(static_cast<const char*>(row) + byte);
   }
 }
 
@@ -154,13 +151,14 @@ int64_t scatter_elements(const Block& block, const NdIndexGeometry& g, const ind
 }
 
 
-// Slice updates: the block's slots are cut into tiles whose accumulator fits
-// in cache. The block's rows are first sorted by tile (a counting sort, so
-// each tile keeps its rows in index order); then every tile is started (from
-// `base`, or zeros), receives its rows, and (half/bfloat16) is rounded out of
-// a float tile. The output is thus written once, in order, and each update
-// row read once. Returns the first row out of bounds (and, with stop_at_bad,
-// stops there), or -1.
+// Slice updates: the block's rows are counting-sorted by slot (stably, so
+// each slot keeps its rows in index order). Then the block's output is
+// written once, slot after slot: a slot without rows is copied from `base`
+// (or zeroed); a slot with rows starts from `base` (or zero) plus its first
+// row and adds the others, in columns short enough for the sum to stay in
+// the nearest cache (half/bfloat16 sum in a float buffer there and round once).
+// Returns the first row out of bounds (and, with stop_at_bad, stops there),
+// or -1.
 template <bool kDepthOne, typename acc_t, typename scalar_t, typename index_t>
 int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index_t* indices,
                        const scalar_t* updates, const scalar_t* base, scalar_t* out, bool stop_at_bad) {
@@ -169,18 +167,13 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
   const int64_t slice = g.slice_size;
   const int64_t columns = block.column_end - block.column_begin;
   const int64_t slots = block.slot_end - block.slot_begin;
-  // Slots per tile, a power of two so a slot finds its tile by a shift.
-  int tile_shift = 0;
-  while ((int64_t{2} << tile_shift) * std::max<int64_t>(columns, 1) * static_cast<int64_t>(sizeof(acc_t)) <= kTileBytes) {
-    ++tile_shift;
-  }
-  const int64_t tile_slots = int64_t{1} << tile_shift;
-  const int64_t num_tiles = (slots + tile_slots - 1) >> tile_shift;
 
-  // Slot of every row (relative to the block; out of it: -1), then the rows
-  // of each tile, in index order.
-  std::vector<int64_t> row_slot(g.num_rows);
-  std::vector<int64_t> tile_start(num_tiles + 1, 0);
+  // Slot of every row (relative to the block), then the rows of each slot in
+  // index order. Rows outside the block go to one more slot, after the
+  // block's: a branch on "is it mine?" would be a coin flip. Both lists are
+  // written whole, so left uninitialized.
+  const std::unique_ptr<int64_t[]> row_slot(new int64_t[g.num_rows]);
+  std::vector<int64_t> slot_start(slots + 2, 0);
   int64_t first_bad = -1;
   for (int64_t n = 0; n < g.num_rows; ++n) {
     const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
@@ -190,74 +183,72 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
         return first_bad;
       }
     }
-    const bool mine = slot >= block.slot_begin && slot < block.slot_end;
-    row_slot[n] = mine ? slot - block.slot_begin : -1;
-    if (mine) {
-      ++tile_start[((slot - block.slot_begin) >> tile_shift) + 1];
-    }
+    // A row out of bounds (-1) lands below the block: outside it too.
+    const int64_t relative = slot - block.slot_begin;
+    row_slot[n] = static_cast<uint64_t>(relative) < static_cast<uint64_t>(slots) ? relative : slots;
+    ++slot_start[row_slot[n] + 1];
   }
-  for (int64_t t = 0; t < num_tiles; ++t) {
-    tile_start[t + 1] += tile_start[t];
+  for (int64_t s = 0; s <= slots; ++s) {
+    slot_start[s + 1] += slot_start[s];
   }
-  std::vector<int64_t> tile_rows(tile_start[num_tiles]);
+  const std::unique_ptr<int64_t[]> sorted_rows(new int64_t[g.num_rows]);
   {
-    std::vector<int64_t> next(tile_start.begin(), tile_start.end() - 1);
+    std::vector<int64_t> next(slot_start.begin(), slot_start.end() - 1);
     for (int64_t n = 0; n < g.num_rows; ++n) {
-      if (row_slot[n] >= 0) {
-        tile_rows[next[row_slot[n] >> tile_shift]++] = n;
-      }
+      sorted_rows[next[row_slot[n]]++] = n;
     }
   }
 
   const int64_t row_bytes = columns * static_cast<int64_t>(sizeof(scalar_t));
-  const int64_t acc_row_bytes = columns * static_cast<int64_t>(sizeof(acc_t));
-  // Left uninitialized (a vector would zero it first): every tile starts its
-  // own slots before adding into them.
-  const std::unique_ptr<acc_t[]> float_tile(kRounds ? new acc_t[tile_slots * columns] : nullptr);
-  const auto out_row = [&](int64_t slot) { return out + (block.slot_begin + slot) * slice + block.column_begin; };
-  for (int64_t t = 0; t < num_tiles; ++t) {
-    const int64_t first_slot = t << tile_shift;
-    const int64_t end_slot = std::min(slots, first_slot + tile_slots);
-    const auto acc_row = [&](int64_t slot) {
-      if constexpr (kRounds) {
-        return float_tile.get() + (slot - first_slot) * columns;
+  const int64_t rows_in_block = slot_start[slots];
+  acc_t float_sum[kRounds ? kSumColumns : 1];
+  for (int64_t s = 0; s < slots; ++s) {
+    const int64_t offset = (block.slot_begin + s) * slice + block.column_begin;
+    scalar_t* dst = out + offset;
+    const scalar_t* from = base != nullptr ? base + offset : nullptr;
+    const int64_t first = slot_start[s];
+    const int64_t last = slot_start[s + 1];
+    if (first == last) {
+      if (from != nullptr) {
+        std::memcpy(dst, from, row_bytes);
       } else {
-        return out_row(slot);
+        std::fill(dst, dst + columns, scalar_t{});
       }
-    };
-    for (int64_t slot = first_slot; slot < end_slot; ++slot) {
-      acc_t* acc = acc_row(slot);
-      if (base != nullptr) {
-        const scalar_t* from = base + (out_row(slot) - out);
-        for (int64_t c = 0; c < columns; ++c) {
-          acc[c] = static_cast<acc_t>(from[c]);
+      continue;
+    }
+    // The update rows come in sorted order, at random: prefetch those of
+    // later slots while this one sums.
+    for (int64_t k = first; k < last && k + kPrefetchSlices < rows_in_block; ++k) {
+      prefetch_row(updates + sorted_rows[k + kPrefetchSlices] * slice + block.column_begin, row_bytes);
+    }
+    const auto row = [&](int64_t k) { return updates + sorted_rows[k] * slice + block.column_begin; };
+    for (int64_t c0 = 0; c0 < columns; c0 += kRounds ? kSumColumns : columns) {
+      const int64_t width = std::min(columns - c0, kRounds ? kSumColumns : columns);
+      acc_t* sum = float_sum;
+      if constexpr (!kRounds) {
+        sum = dst + c0;  // the output is its own accumulator
+      }
+      const scalar_t* src = row(first) + c0;
+      // Zero plus the first row, not the row alone: a -0.0 update into zeros
+      // sums to +0.0, as it does when added to a zeroed output.
+      if (from != nullptr) {
+        for (int64_t c = 0; c < width; ++c) {
+          sum[c] = static_cast<acc_t>(from[c0 + c]) + static_cast<acc_t>(src[c]);
         }
       } else {
-        std::fill(acc, acc + columns, acc_t{});
+        for (int64_t c = 0; c < width; ++c) {
+          sum[c] = acc_t{} + static_cast<acc_t>(src[c]);
+        }
       }
-    }
-    const int64_t rows_end = tile_start[t + 1];
-    for (int64_t k = tile_start[t]; k < rows_end; ++k) {
-      const int64_t n = tile_rows[k];
-      const scalar_t* src = updates + n * slice + block.column_begin;
-      if (k + kPrefetchSlices < rows_end) {
-        // Both sides of a later addition: its update row and the tile row it
-        // lands on (a random one, beyond the core's own cache).
-        const int64_t ahead = tile_rows[k + kPrefetchSlices];
-        prefetch_row<0>(updates + ahead * slice + block.column_begin, row_bytes);
-        prefetch_row<1>(acc_row(row_slot[ahead]), acc_row_bytes);
+      for (int64_t k = first + 1; k < last; ++k) {
+        src = row(k) + c0;
+        for (int64_t c = 0; c < width; ++c) {
+          sum[c] += static_cast<acc_t>(src[c]);
+        }
       }
-      acc_t* acc = acc_row(row_slot[n]);
-      for (int64_t c = 0; c < columns; ++c) {
-        acc[c] += static_cast<acc_t>(src[c]);
-      }
-    }
-    if constexpr (kRounds) {
-      for (int64_t slot = first_slot; slot < end_slot; ++slot) {
-        const acc_t* acc = acc_row(slot);
-        scalar_t* dst = out_row(slot);
-        for (int64_t c = 0; c < columns; ++c) {
-          dst[c] = static_cast<scalar_t>(acc[c]);
+      if constexpr (kRounds) {
+        for (int64_t c = 0; c < width; ++c) {
+          dst[c0 + c] = static_cast<scalar_t>(sum[c]);
         }
       }
     }
@@ -265,9 +256,11 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
   return first_bad;
 }
 
-// Each block starts its own part of the output (from `tensor`, or zeros),
-// scatters into it and, for half/bfloat16, rounds its float accumulator into
-// the output: one parallel region, each thread on memory it just touched.
+// Slices: each block starts, sums and writes its own part of the output.
+// Elements: the blocks scatter into an accumulator (the output itself
+// unless it rounds) that ATen's copies start (from `tensor`, or zeros) and
+// round, vectorised and over every thread: there are fewer element blocks
+// than threads (see split_output).
 at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
                             const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
   const std::vector<Block> blocks = split_output(g);
@@ -280,47 +273,42 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
     AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
-      // Elements accumulate in a whole-output buffer (the output itself
-      // unless it rounds); slices in their own tiles.
-      const at::Tensor acc = kRounds && elements
-                                 ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value))
-                                 : output;
-      if (acc.data_ptr() != output.data_ptr()) {
-        advise_huge_pages(acc);
-      }
       const index_t* index_data = indices.const_data_ptr<index_t>();
       const scalar_t* update_data = updates.const_data_ptr<scalar_t>();
-      const scalar_t* base_data = base.defined() ? base.const_data_ptr<scalar_t>() : nullptr;
-      scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
+      if (!elements) {
+        const scalar_t* base_data = base.defined() ? base.const_data_ptr<scalar_t>() : nullptr;
+        scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
+        at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
+          for (int64_t b = begin; b < end; ++b) {
+            first_bad[b] = g.depth == 1 ? scatter_slices<true, acc_t>(blocks[b], g, index_data, update_data,
+                                                                      base_data, out_data, check_bounds)
+                                        : scatter_slices<false, acc_t>(blocks[b], g, index_data, update_data,
+                                                                       base_data, out_data, check_bounds);
+          }
+        });
+        return;
+      }
+      const at::Tensor acc =
+          kRounds ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value)) : output;
+      if (kRounds) {
+        advise_huge_pages(acc);
+      }
+      if (base.defined()) {
+        acc.copy_(base);
+      } else {
+        acc.zero_();
+      }
       acc_t* acc_data = static_cast<acc_t*>(acc.mutable_data_ptr());
       at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
-          const Block& block = blocks[b];
-          if (!elements) {
-            first_bad[b] = g.depth == 1 ? scatter_slices<true, acc_t>(block, g, index_data, update_data, base_data,
-                                                                      out_data, check_bounds)
-                                        : scatter_slices<false, acc_t>(block, g, index_data, update_data, base_data,
-                                                                       out_data, check_bounds);
-            continue;
-          }
-          // ATen's copies (vectorised, and run by this thread alone here).
-          const auto region = [&](const at::Tensor& t) {
-            return t.view({g.num_slots}).narrow(0, block.slot_begin, block.slot_end - block.slot_begin);
-          };
-          at::Tensor acc_region = region(acc);
-          if (base.defined()) {
-            acc_region.copy_(region(base));
-          } else {
-            acc_region.zero_();
-          }
           first_bad[b] = g.depth == 1
-                             ? scatter_elements<true>(block, g, index_data, update_data, acc_data, check_bounds)
-                             : scatter_elements<false>(block, g, index_data, update_data, acc_data, check_bounds);
-          if constexpr (kRounds) {
-            region(output).copy_(acc_region);
-          }
+                             ? scatter_elements<true>(blocks[b], g, index_data, update_data, acc_data, check_bounds)
+                             : scatter_elements<false>(blocks[b], g, index_data, update_data, acc_data, check_bounds);
         }
       });
+      if (kRounds) {
+        output.copy_(acc);
+      }
     });
   });
   // Every block reads all rows, so each saw the same first bad row.

@@ -91,26 +91,54 @@ __device__ int64_t warps_in_grid() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
 }
 
+// The mask is read as bytes, a byte other than zero being true, so that the
+// 16-byte loads below and the byte loads agree on every bit pattern.
+using MaskByte = uint8_t;
+
 // Flags of the lane's positions in the chunk starting at `chunk_start`; false past the mask's end.
-__device__ void load_lane_flags(const bool* __restrict__ mask, int64_t rows, int64_t chunk_start,
+__device__ void load_lane_flags(const MaskByte* __restrict__ mask, int64_t rows, int64_t chunk_start,
                                 bool (&flags)[kLaneFlags]) {
   const int64_t lane_start = chunk_start + threadIdx.x % kWarp;
 #pragma unroll
   for (int i = 0; i < kLaneFlags; ++i) {
     const int64_t row = lane_start + static_cast<int64_t>(i) * kWarp;
-    flags[i] = row < rows && mask[row];
+    flags[i] = row < rows && mask[row] != 0;
   }
 }
 
+// A whole chunk of an aligned mask is read with one 16-byte load per lane
+// (one byte per load read the mask far below copy bandwidth); lane l then
+// holds the chunk's flags 16 l .. 16 l + 15.
+__device__ bool loads_whole_vectors(bool aligned, int64_t rows, int64_t chunk_start) {
+  return aligned && chunk_start + kChunk <= rows;
+}
+
+__device__ uint4 lane_vector(const MaskByte* __restrict__ mask, int64_t chunk_start) {
+  return reinterpret_cast<const uint4*>(mask + chunk_start)[threadIdx.x % kWarp];
+}
+
+// The number of non-zero bytes of a word: a byte's top bit is set after the
+// addition when its low seven bits are not all zero (no carry crosses bytes).
+__device__ int nonzero_bytes(uint32_t word) {
+  return __popc((((word & 0x7f7f7f7fu) + 0x7f7f7f7fu) | word) & 0x80808080u);
+}
+
 // counts[c] = number of true flags in chunk c.
-__global__ void count_chunks(const bool* __restrict__ mask, int64_t rows, int64_t chunks, int64_t* __restrict__ counts) {
+__global__ void count_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
+                             int64_t* __restrict__ counts) {
   for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
-    bool flags[kLaneFlags];
-    load_lane_flags(mask, rows, chunk * kChunk, flags);
+    const int64_t chunk_start = chunk * kChunk;
     int count = 0;
+    if (loads_whole_vectors(aligned, rows, chunk_start)) {
+      const uint4 v = lane_vector(mask, chunk_start);
+      count = nonzero_bytes(v.x) + nonzero_bytes(v.y) + nonzero_bytes(v.z) + nonzero_bytes(v.w);
+    } else {
+      bool flags[kLaneFlags];
+      load_lane_flags(mask, rows, chunk_start, flags);
 #pragma unroll
-    for (int i = 0; i < kLaneFlags; ++i) {
-      count += flags[i];
+      for (int i = 0; i < kLaneFlags; ++i) {
+        count += flags[i];
+      }
     }
     for (int offset = kWarp / 2; offset > 0; offset /= 2) {
       count += __shfl_down_sync(0xffffffffu, count, offset);
@@ -139,22 +167,37 @@ struct PackUnits {
 
 // Packs the true flags' rows (or data) in order: chunk c starts at
 // chunk_ends[c - 1]; within it a lane's place is the number of true flags
-// before it, counted by ballots. Only selected rows are read.
+// before it, counted by ballots. Only selected rows are read. A whole
+// vector-loaded chunk passes through shared memory to give lane l the flags
+// l, l + 32, ... again.
 template <typename Pack>
-__global__ void compact_chunks(const bool* __restrict__ mask, int64_t rows, int64_t chunks,
+__global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
                                const int64_t* __restrict__ chunk_ends, Pack pack) {
   using Value = decltype(pack.fetch(0));
-  const unsigned lower_lanes = (1u << (threadIdx.x % kWarp)) - 1;
+  __shared__ uint4 staged[kThreads / kWarp][kWarp];
+  const MaskByte* warp_flags = reinterpret_cast<const MaskByte*>(staged[threadIdx.x / kWarp]);
+  const int lane = threadIdx.x % kWarp;
+  const unsigned lower_lanes = (1u << lane) - 1;
   for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
     const int64_t chunk_start = chunk * kChunk;
     bool flags[kLaneFlags];
-    load_lane_flags(mask, rows, chunk_start, flags);
+    if (loads_whole_vectors(aligned, rows, chunk_start)) {
+      staged[threadIdx.x / kWarp][lane] = lane_vector(mask, chunk_start);
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < kLaneFlags; ++i) {
+        flags[i] = warp_flags[i * kWarp + lane] != 0;
+      }
+      __syncwarp();  // every lane has read before the next chunk is staged
+    } else {
+      load_lane_flags(mask, rows, chunk_start, flags);
+    }
     // All loads first, so that a lane has them all in flight at once.
     Value values[kLaneFlags];
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
       if (flags[i]) {
-        values[i] = pack.fetch(chunk_start + threadIdx.x % kWarp + static_cast<int64_t>(i) * kWarp);
+        values[i] = pack.fetch(chunk_start + lane + static_cast<int64_t>(i) * kWarp);
       }
     }
     int64_t place = chunk == 0 ? 0 : chunk_ends[chunk - 1];
@@ -242,7 +285,8 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     return at::empty(view.masked_shape(tensor.sizes(), 0), input.options());
   }
   const at::Tensor flags = mask.contiguous();
-  const bool* mask_data = flags.const_data_ptr<bool>();
+  const MaskByte* mask_data = static_cast<const MaskByte*>(flags.const_data_ptr());
+  const bool mask_aligned = reinterpret_cast<uintptr_t>(mask_data) % sizeof(uint4) == 0;
   const at::TensorOptions long_options = input.options().dtype(at::kLong);
 
   // Count the true flags of each chunk; their inclusive sum places every
@@ -251,7 +295,8 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
   at::Tensor chunk_counts = at::empty({chunks}, long_options);
   at::Tensor chunk_ends = at::empty({chunks}, long_options);
   const unsigned chunk_blocks = blocks_for(chunks * kWarp);
-  count_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, chunks, chunk_counts.data_ptr<int64_t>());
+  count_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, mask_aligned, chunks,
+                                                      chunk_counts.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const int64_t* counts_data = chunk_counts.const_data_ptr<int64_t>();
   int64_t* ends_data = chunk_ends.data_ptr<int64_t>();
@@ -275,7 +320,8 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     Unit* dst_units = static_cast<Unit*>(result.data_ptr());
     if (view.outer == 1 && units == 1) {
       // Each row is one unit: compaction packs the data itself.
-      compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, chunks, chunk_ends.const_data_ptr<int64_t>(),
+      compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, mask_aligned, chunks,
+                                                            chunk_ends.const_data_ptr<int64_t>(),
                                                             PackUnits<Unit>{src_units, dst_units});
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
@@ -283,7 +329,8 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     // Otherwise compaction packs the selected row numbers, which every block
     // of the output then gathers from.
     at::Tensor selected_rows = at::empty({selected}, long_options);
-    compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, chunks, chunk_ends.const_data_ptr<int64_t>(),
+    compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, mask_aligned, chunks,
+                                                          chunk_ends.const_data_ptr<int64_t>(),
                                                           PackRows{selected_rows.data_ptr<int64_t>()});
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t block_units = selected * units;

@@ -1,10 +1,10 @@
 // CUDA kernels for masked::nonzero, masked::nonzero_tuple and
 // masked::nonzero_static, in two passes over tiles of the input: the first
 // counts each tile's non-zero elements and a scan turns the counts into each
-// tile's first output row; the second finds every thread's rows with a block
-// scan and writes the coordinates straight into them. nonzero reads the total
-// back to size its output (its one host sync); nonzero_static knows its size
-// and never synchronises.
+// tile's first output row; the second lists each tile's non-zero positions
+// in order with a block scan and writes their coordinates, a row per thread.
+// nonzero reads the total back to size its output (its one host sync);
+// nonzero_static knows its size and never synchronises.
 #include "common.h"
 
 #include <ATen/ops/empty.h>
@@ -16,6 +16,9 @@
 #include <torch/library.h>
 
 #include <cub/cub.cuh>
+
+#include <algorithm>
+#include <limits>
 
 namespace torch_masked {
 namespace cuda {
@@ -82,28 +85,50 @@ __global__ void count_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonz
   }
 }
 
+// Writes the coordinates of flat position `flat` into row `position` of the
+// index columns. The first coordinate is what the other sizes leave of
+// `flat`: no division for it, none at all for a 1-D input. Index is 32-bit
+// when the input's size allows, 64-bit division being many times slower.
+template <typename Index>
+__device__ void write_coordinates(const IndexColumns& out, int64_t position, Index flat) {
+  for (int j = out.dims - 1; j > 0; --j) {
+    const Index size = static_cast<Index>(out.sizes[j]);
+    const Index quotient = flat / size;
+    out.columns[j][position] = static_cast<int64_t>(flat - quotient * size);
+    flat = quotient;
+  }
+  out.columns[0][position] = static_cast<int64_t>(flat);
+}
+
 // Writes the coordinates of every non-zero element of the tile, in order,
-// from row starts[tile] on; rows at or past out.max_rows are dropped.
-template <typename T>
+// from row starts[tile] on; rows at or past out.max_rows are dropped. The
+// tile's non-zero positions are first listed in shared memory, so that
+// consecutive threads then write consecutive rows (a thread writing its own
+// elements' rows would scatter every store of a warp over many lines).
+template <typename T, typename Index>
 __global__ void write_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonzero, bool aligned,
                                    const int64_t* starts, IndexColumns out) {
   using Scan = cub::BlockScan<int, kThreads>;
+  static_assert(kTile <= 1 << 16, "tile positions are 16-bit");
   __shared__ typename Scan::TempStorage temp;
+  __shared__ uint16_t positions[kTile];
   const int64_t tile_start = starts[blockIdx.x];
   if (tile_start >= out.max_rows) {
     return;  // the whole block: nothing of this tile fits
   }
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x * kItemsPerThread;
-  uint32_t flags = nonzero_flags(data, n, first, nonzero, aligned);
-  int offset = 0;
-  Scan(temp).ExclusiveSum(__popc(flags), offset);
-  for (int64_t row = tile_start + offset; flags != 0 && row < out.max_rows; ++row, flags &= flags - 1) {
-    int64_t flat = first + __ffs(flags) - 1;
-    const int64_t position = row * out.row_stride;
-    for (int j = out.dims - 1; j >= 0; --j) {
-      out.columns[j][position] = flat % out.sizes[j];
-      flat /= out.sizes[j];
-    }
+  const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int thread_first = threadIdx.x * kItemsPerThread;
+  uint32_t flags = nonzero_flags(data, n, tile_first + thread_first, nonzero, aligned);
+  int place = 0;
+  int tile_count = 0;
+  Scan(temp).ExclusiveSum(__popc(flags), place, tile_count);
+  for (; flags != 0; flags &= flags - 1) {
+    positions[place++] = static_cast<uint16_t>(thread_first + __ffs(flags) - 1);
+  }
+  __syncthreads();
+  const int rows = static_cast<int>(std::min<int64_t>(tile_count, out.max_rows - tile_start));
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    write_coordinates(out, (tile_start + r) * out.row_stride, static_cast<Index>(tile_first + positions[r]));
   }
 }
 
@@ -148,10 +173,17 @@ int64_t read_total(const at::Tensor& starts, cudaStream_t stream) {
 template <typename T>
 void write_rows(const at::Tensor& input, NonzeroBits<T> nonzero, const at::Tensor& starts, const IndexColumns& out,
                 cudaStream_t stream) {
-  write_tiles_kernel<<<num_tiles(input), kThreads, 0, stream>>>(static_cast<const T*>(input.const_data_ptr()),
-                                                                input.numel(), nonzero, is_vector_aligned(input),
-                                                                starts.const_data_ptr<int64_t>(), out);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto launch = [&](auto index) {
+    write_tiles_kernel<T, decltype(index)><<<num_tiles(input), kThreads, 0, stream>>>(
+        static_cast<const T*>(input.const_data_ptr()), input.numel(), nonzero, is_vector_aligned(input),
+        starts.const_data_ptr<int64_t>(), out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (input.numel() <= std::numeric_limits<uint32_t>::max()) {
+    launch(uint32_t{});
+  } else {
+    launch(uint64_t{});
+  }
 }
 
 // Index columns over `input`'s shape (a 0-d input counts as 1-D of one element).
