@@ -131,6 +131,24 @@ def test_all_true_and_all_false(device, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "one-byte-in"])
+@pytest.mark.parametrize("density", [0.01, 0.5, 0.99])
+@pytest.mark.parametrize("row_shape", [(), (2,), (5,)], ids=str)
+def test_long_masks_whole_and_partial_chunks(device, offset, density, row_shape):
+    """Masks of several 512-flag chunks and a partial last one, starting at
+    the storage's start (read 16 bytes at a time on CUDA) or one byte in;
+    rows of one 4- or 8-byte unit (compacted directly) or of 20 bytes."""
+    n = 512 * 7 + 37
+    torch.manual_seed(1)
+    mask = random_mask((n + offset,), device, density)[offset:]
+    tensor = random_values((n,) + row_shape, torch.float32, device)
+    result = boolean_mask_op(tensor, mask)
+    assert_same(result, reference(tensor, mask))
+    shape = [n, *row_shape]
+    assert_same(backward_op(result, mask, shape, 0), backward_reference(result, mask, shape, 0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty(device):
     cases = [
         ((0,), 0, (0,)),

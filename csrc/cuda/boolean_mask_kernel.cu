@@ -5,9 +5,11 @@
 // depends on it), then a warp-level compaction of the mask that packs either
 // the data itself (one unit per row, one block) or the selected row numbers,
 // from which a coalesced copy gathers every block's slices. Backward: the
-// output shape is known, so no synchronisation: a scan of the mask, then one
-// kernel that writes every input position, from the gradient or zero. Slices
-// move in units of up to 16 bytes; offsets are 64-bit.
+// output shape is known, so no synchronisation: the same chunk counts and
+// the compaction in reverse when each row is one unit, else a scan of the
+// mask's flags and one kernel that writes every input position, from the
+// gradient or zero. Slices move in units of up to 16 bytes; offsets are
+// 64-bit.
 #include "boolean_mask.h"
 #include "common.h"
 
@@ -165,33 +167,40 @@ struct PackUnits {
   __device__ void store(int64_t place, const Unit& value) const { dst[place] = value; }
 };
 
+// The flags of the chunk starting at `chunk_start`, lane l holding the
+// chunk's flags l, l + 32, ... A whole vector-loaded chunk passes through the
+// warp's `stage` in shared memory to reach that layout.
+__device__ void chunk_flags(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunk_start,
+                            uint4 (&stage)[kWarp], bool (&flags)[kLaneFlags]) {
+  if (!loads_whole_vectors(aligned, rows, chunk_start)) {
+    load_lane_flags(mask, rows, chunk_start, flags);
+    return;
+  }
+  const int lane = threadIdx.x % kWarp;
+  stage[lane] = lane_vector(mask, chunk_start);
+  __syncwarp();
+  const MaskByte* staged_flags = reinterpret_cast<const MaskByte*>(stage);
+#pragma unroll
+  for (int i = 0; i < kLaneFlags; ++i) {
+    flags[i] = staged_flags[i * kWarp + lane] != 0;
+  }
+  __syncwarp();  // every lane has read before the next chunk is staged
+}
+
 // Packs the true flags' rows (or data) in order: chunk c starts at
 // chunk_ends[c - 1]; within it a lane's place is the number of true flags
-// before it, counted by ballots. Only selected rows are read. A whole
-// vector-loaded chunk passes through shared memory to give lane l the flags
-// l, l + 32, ... again.
+// before it, counted by ballots. Only selected rows are read.
 template <typename Pack>
 __global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
                                const int64_t* __restrict__ chunk_ends, Pack pack) {
   using Value = decltype(pack.fetch(0));
-  __shared__ uint4 staged[kThreads / kWarp][kWarp];
-  const MaskByte* warp_flags = reinterpret_cast<const MaskByte*>(staged[threadIdx.x / kWarp]);
+  __shared__ uint4 stages[kThreads / kWarp][kWarp];
   const int lane = threadIdx.x % kWarp;
   const unsigned lower_lanes = (1u << lane) - 1;
   for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
     const int64_t chunk_start = chunk * kChunk;
     bool flags[kLaneFlags];
-    if (loads_whole_vectors(aligned, rows, chunk_start)) {
-      staged[threadIdx.x / kWarp][lane] = lane_vector(mask, chunk_start);
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < kLaneFlags; ++i) {
-        flags[i] = warp_flags[i * kWarp + lane] != 0;
-      }
-      __syncwarp();  // every lane has read before the next chunk is staged
-    } else {
-      load_lane_flags(mask, rows, chunk_start, flags);
-    }
+    chunk_flags(mask, rows, aligned, chunk_start, stages[threadIdx.x / kWarp], flags);
     // All loads first, so that a lane has them all in flight at once.
     Value values[kLaneFlags];
 #pragma unroll
@@ -208,6 +217,41 @@ __global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, 
         pack.store(place + __popc(ballot & lower_lanes), values[i]);
       }
       place += __popc(ballot);
+    }
+  }
+}
+
+// The backward of a mask whose rows are single units, the reverse of
+// compact_chunks: every row of the chunk is written, from the packed
+// gradient where the flag is true (the place counted as there) and zero
+// elsewhere. A place past grad's rows (a grad that does not match the mask)
+// reads nothing and writes zero.
+template <typename Unit>
+__global__ void expand_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
+                              const int64_t* __restrict__ chunk_ends, const Unit* __restrict__ grad,
+                              int64_t grad_rows, Unit* __restrict__ dst) {
+  __shared__ uint4 stages[kThreads / kWarp][kWarp];
+  const int lane = threadIdx.x % kWarp;
+  const unsigned lower_lanes = (1u << lane) - 1;
+  for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
+    const int64_t chunk_start = chunk * kChunk;
+    bool flags[kLaneFlags];
+    chunk_flags(mask, rows, aligned, chunk_start, stages[threadIdx.x / kWarp], flags);
+    int64_t place = chunk == 0 ? 0 : chunk_ends[chunk - 1];
+    Unit values[kLaneFlags];
+#pragma unroll
+    for (int i = 0; i < kLaneFlags; ++i) {
+      const unsigned ballot = __ballot_sync(0xffffffffu, flags[i]);
+      const int64_t packed = place + __popc(ballot & lower_lanes);
+      values[i] = flags[i] && packed < grad_rows ? grad[packed] : Unit{};
+      place += __popc(ballot);
+    }
+#pragma unroll
+    for (int i = 0; i < kLaneFlags; ++i) {
+      const int64_t row = chunk_start + lane + static_cast<int64_t>(i) * kWarp;
+      if (row < rows) {
+        dst[row] = values[i];
+      }
     }
   }
 }
@@ -275,6 +319,39 @@ void launch_over(int64_t total, const Launch& launch) {
   }
 }
 
+// The mask (contiguous) in chunks of kChunk flags, a warp per chunk, and
+// the inclusive sum of the chunks' true flags: where each chunk's selection
+// ends, the last being the selected count n.
+struct ChunkedMask {
+  at::Tensor flags;
+  const MaskByte* data;
+  int64_t rows;
+  bool aligned;
+  int64_t chunks;
+  unsigned blocks;
+  at::Tensor ends;
+
+  ChunkedMask(const at::Tensor& mask, int64_t rows, const at::TensorOptions& options, cudaStream_t stream)
+      : flags(mask.contiguous()),
+        data(static_cast<const MaskByte*>(flags.const_data_ptr())),
+        rows(rows),
+        aligned(reinterpret_cast<uintptr_t>(data) % sizeof(uint4) == 0),
+        chunks((rows + kChunk - 1) / kChunk),
+        blocks(blocks_for(chunks * kWarp)),
+        ends(at::empty({chunks}, options.dtype(at::kLong))) {
+    const at::Tensor counts = at::empty({chunks}, options.dtype(at::kLong));
+    count_chunks<<<blocks, kThreads, 0, stream>>>(data, rows, aligned, chunks, counts.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int64_t* counts_data = counts.const_data_ptr<int64_t>();
+    int64_t* ends_out = ends.data_ptr<int64_t>();
+    run_cub(options, [&](void* temp, size_t& temp_bytes) {
+      return cub::DeviceScan::InclusiveSum(temp, temp_bytes, counts_data, ends_out, chunks, stream);
+    });
+  }
+
+  const int64_t* ends_data() const { return ends.const_data_ptr<int64_t>(); }
+};
+
 at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, int64_t axis) {
   check_same_device("boolean_mask", {{"tensor", &tensor}, {"mask", &mask}});
   const MaskedView view = masked_view("boolean_mask", "tensor.shape", tensor.sizes(), mask, axis);
@@ -284,26 +361,8 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
   if (view.rows == 0) {
     return at::empty(view.masked_shape(tensor.sizes(), 0), input.options());
   }
-  const at::Tensor flags = mask.contiguous();
-  const MaskByte* mask_data = static_cast<const MaskByte*>(flags.const_data_ptr());
-  const bool mask_aligned = reinterpret_cast<uintptr_t>(mask_data) % sizeof(uint4) == 0;
-  const at::TensorOptions long_options = input.options().dtype(at::kLong);
-
-  // Count the true flags of each chunk; their inclusive sum places every
-  // chunk's selection and ends with the selected count n.
-  const int64_t chunks = (view.rows + kChunk - 1) / kChunk;
-  at::Tensor chunk_counts = at::empty({chunks}, long_options);
-  at::Tensor chunk_ends = at::empty({chunks}, long_options);
-  const unsigned chunk_blocks = blocks_for(chunks * kWarp);
-  count_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, mask_aligned, chunks,
-                                                      chunk_counts.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t* counts_data = chunk_counts.const_data_ptr<int64_t>();
-  int64_t* ends_data = chunk_ends.data_ptr<int64_t>();
-  run_cub(input.options(), [&](void* temp, size_t& temp_bytes) {
-    return cub::DeviceScan::InclusiveSum(temp, temp_bytes, counts_data, ends_data, chunks, stream);
-  });
-  const int64_t selected = read_to_host(ends_data + chunks - 1, stream);
+  const ChunkedMask chunked(mask, view.rows, input.options(), stream);
+  const int64_t selected = read_to_host(chunked.ends_data() + chunked.chunks - 1, stream);
 
   at::Tensor result = at::empty(view.masked_shape(tensor.sizes(), selected), input.options());
   if (result.numel() == 0) {
@@ -320,18 +379,18 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     Unit* dst_units = static_cast<Unit*>(result.data_ptr());
     if (view.outer == 1 && units == 1) {
       // Each row is one unit: compaction packs the data itself.
-      compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, mask_aligned, chunks,
-                                                            chunk_ends.const_data_ptr<int64_t>(),
-                                                            PackUnits<Unit>{src_units, dst_units});
+      compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.data, chunked.rows, chunked.aligned,
+                                                              chunked.chunks, chunked.ends_data(),
+                                                              PackUnits<Unit>{src_units, dst_units});
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
     // Otherwise compaction packs the selected row numbers, which every block
     // of the output then gathers from.
-    at::Tensor selected_rows = at::empty({selected}, long_options);
-    compact_chunks<<<chunk_blocks, kThreads, 0, stream>>>(mask_data, view.rows, mask_aligned, chunks,
-                                                          chunk_ends.const_data_ptr<int64_t>(),
-                                                          PackRows{selected_rows.data_ptr<int64_t>()});
+    at::Tensor selected_rows = at::empty({selected}, input.options().dtype(at::kLong));
+    compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.data, chunked.rows, chunked.aligned,
+                                                            chunked.chunks, chunked.ends_data(),
+                                                            PackRows{selected_rows.data_ptr<int64_t>()});
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t block_units = selected * units;
     const unsigned blocks_x = blocks_for(block_units);
@@ -368,22 +427,34 @@ at::Tensor boolean_mask_backward_cuda(const at::Tensor& grad, const at::Tensor& 
   if (result.numel() == 0) {
     return result;
   }
-  const at::Tensor flags = mask.contiguous();
-  const bool* mask_data = flags.const_data_ptr<bool>();
-  const at::Tensor counts = inclusive_counts(mask_data, view.rows, packed_grad.options(), stream);
   const int64_t slice_bytes = view.inner * packed_grad.element_size();
   const void* src = packed_grad.const_data_ptr();
   const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {src});
   const int64_t units = slice_bytes / unit_bytes;
   const int64_t total = result.numel() * result.element_size() / unit_bytes;
+  const int64_t grad_rows = packed_grad.size(view.axis);
   dispatch_by_element_size("boolean_mask_backward", unit_bytes, [&](auto tag) {
     using Unit = decltype(tag);
+    if (view.outer == 1 && units == 1) {
+      // Each row is one unit: the forward's compaction in reverse, with a
+      // count per chunk instead of one per row to write and read back.
+      const ChunkedMask chunked(mask, view.rows, packed_grad.options(), stream);
+      expand_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.data, chunked.rows, chunked.aligned,
+                                                             chunked.chunks, chunked.ends_data(),
+                                                             static_cast<const Unit*>(src), grad_rows,
+                                                             static_cast<Unit*>(result.data_ptr()));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+    const at::Tensor flags = mask.contiguous();
+    const bool* mask_data = flags.const_data_ptr<bool>();
+    const at::Tensor counts = inclusive_counts(mask_data, view.rows, packed_grad.options(), stream);
     launch_over(total, [&](unsigned blocks, auto index) {
       using Index = decltype(index);
       expand_selected_slices<Unit, Index><<<blocks, kThreads, 0, stream>>>(
           static_cast<const Unit*>(src), mask_data, counts.const_data_ptr<int64_t>(),
           static_cast<Unit*>(result.data_ptr()), static_cast<Index>(view.rows), static_cast<Index>(units),
-          packed_grad.size(view.axis), total);
+          grad_rows, total);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
