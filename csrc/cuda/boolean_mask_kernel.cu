@@ -187,20 +187,31 @@ __device__ void chunk_flags(const MaskByte* __restrict__ mask, int64_t rows, boo
   __syncwarp();  // every lane has read before the next chunk is staged
 }
 
-// Packs the true flags' rows (or data) in order: chunk c starts at
-// chunk_ends[c - 1]; within it a lane's place is the number of true flags
-// before it, counted by ballots. Only selected rows are read.
-template <typename Pack>
-__global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
-                               const int64_t* __restrict__ chunk_ends, Pack pack) {
-  using Value = decltype(pack.fetch(0));
+// Calls visit(chunk_start, flags, place) for each of this warp's chunks,
+// `place` being where the chunk's selection starts: chunk_ends[c - 1].
+template <typename Visit>
+__device__ void for_each_chunk(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
+                               const int64_t* __restrict__ chunk_ends, const Visit& visit) {
   __shared__ uint4 stages[kThreads / kWarp][kWarp];
-  const int lane = threadIdx.x % kWarp;
-  const unsigned lower_lanes = (1u << lane) - 1;
   for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
     const int64_t chunk_start = chunk * kChunk;
     bool flags[kLaneFlags];
     chunk_flags(mask, rows, aligned, chunk_start, stages[threadIdx.x / kWarp], flags);
+    visit(chunk_start, flags, chunk == 0 ? int64_t{0} : chunk_ends[chunk - 1]);
+  }
+}
+
+// Packs the true flags' rows (or data) in order: within a chunk a lane's
+// place is the number of true flags before it, counted by ballots. Only
+// selected rows are read.
+template <typename Pack>
+__global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
+                               const int64_t* __restrict__ chunk_ends, Pack pack) {
+  using Value = decltype(pack.fetch(0));
+  const int lane = threadIdx.x % kWarp;
+  const unsigned lower_lanes = (1u << lane) - 1;
+  for_each_chunk(mask, rows, aligned, chunks, chunk_ends,
+                 [&](int64_t chunk_start, const bool (&flags)[kLaneFlags], int64_t place) {
     // All loads first, so that a lane has them all in flight at once.
     Value values[kLaneFlags];
 #pragma unroll
@@ -209,7 +220,6 @@ __global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, 
         values[i] = pack.fetch(chunk_start + lane + static_cast<int64_t>(i) * kWarp);
       }
     }
-    int64_t place = chunk == 0 ? 0 : chunk_ends[chunk - 1];
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
       const unsigned ballot = __ballot_sync(0xffffffffu, flags[i]);
@@ -218,7 +228,7 @@ __global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, 
       }
       place += __popc(ballot);
     }
-  }
+  });
 }
 
 // The backward of a mask whose rows are single units, the reverse of
@@ -230,14 +240,10 @@ template <typename Unit>
 __global__ void expand_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
                               const int64_t* __restrict__ chunk_ends, const Unit* __restrict__ grad,
                               int64_t grad_rows, Unit* __restrict__ dst) {
-  __shared__ uint4 stages[kThreads / kWarp][kWarp];
   const int lane = threadIdx.x % kWarp;
   const unsigned lower_lanes = (1u << lane) - 1;
-  for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
-    const int64_t chunk_start = chunk * kChunk;
-    bool flags[kLaneFlags];
-    chunk_flags(mask, rows, aligned, chunk_start, stages[threadIdx.x / kWarp], flags);
-    int64_t place = chunk == 0 ? 0 : chunk_ends[chunk - 1];
+  for_each_chunk(mask, rows, aligned, chunks, chunk_ends,
+                 [&](int64_t chunk_start, const bool (&flags)[kLaneFlags], int64_t place) {
     Unit values[kLaneFlags];
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
@@ -253,7 +259,7 @@ __global__ void expand_chunks(const MaskByte* __restrict__ mask, int64_t rows, b
         dst[row] = values[i];
       }
     }
-  }
+  });
 }
 
 // dst[o, j, u] = src[o, selected_rows[j], u] over the [outer, selected,
