@@ -150,7 +150,6 @@ int64_t scatter_elements(const Block& block, const NdIndexGeometry& g, const ind
   return first_bad;
 }
 
-
 // Slice updates: the block's rows are counting-sorted by slot (stably, so
 // each slot keeps its rows in index order). Then the block's output is
 // written once, slot after slot: a slot without rows is copied from `base`
