@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build the extension with CUDA (sm_90, every
 # core), run the whole test suite (CPU and CUDA cases), run the CUDA
-# benchmarks, and print a short table last. Logs go to $OUT (or /tmp/gpu_check).
+# benchmarks, and print the speed goals' short table last
+# (benchmarks/goals.py). Logs go to $OUT (or /tmp/gpu_check).
 #
 #   bash benchmarks/gpu_check.sh            # everything
 #   OPS=nonzero,where bash benchmarks/gpu_check.sh
@@ -50,8 +51,9 @@ times.sort()
 print(f"device-to-device copy of 1e8 float32: {2 * x.nbytes / times[len(times) // 2] / 1e9:.0f} GB/s (read + write)")
 PY
 
-python3 benchmarks/run.py --device cuda ${OPS:+--ops "$OPS"} > "$OUT/bench.log" 2> "$OUT/bench.err"
+python3 benchmarks/run.py --device cuda ${OPS:+--ops "$OPS"} --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
 bench_rc=$?
 tail -5 "$OUT/bench.err"
 echo "bench rc=${bench_rc}; total ${SECONDS}s"
 cat "$OUT/bench.log"
+python3 benchmarks/goals.py "$OUT/rows.json" | tee "$OUT/goals.txt"

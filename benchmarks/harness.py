@@ -35,6 +35,11 @@ class Row:
     def ratio(self):
         return self.ours_s / self.native_s
 
+    def as_dict(self):
+        return {"op": self.case.op, "case": self.case.name, "native": self.case.native_name,
+                "ours_s": self.ours_s, "native_s": self.native_s, "numpy_s": self.numpy_s,
+                "bytes_moved": self.case.bytes_moved}
+
 
 def time_one_call(fn, is_cuda):
     if is_cuda:

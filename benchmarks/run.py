@@ -1,12 +1,13 @@
 """One command for every op's benchmark:
 
-    python benchmarks/run.py [--device cpu|cuda] [--ops nonzero,where,...] [--quick]
+    python benchmarks/run.py [--device cpu|cuda] [--ops nonzero,where,...] [--quick] [--json rows.json]
 
 Each row times ours and the native PyTorch equivalent in this process on the
 same inputs; ratio = ours / native (below 1.0: ours is faster).
 """
 import argparse
 import importlib
+import json
 import os
 import platform
 import sys
@@ -29,6 +30,7 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated, from: " + ", ".join(OPS))
     parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
+    parser.add_argument("--json", help="also write the rows there, for benchmarks/goals.py")
     args = parser.parse_args()
 
     rows = []
@@ -39,7 +41,11 @@ def main():
             rows.append(row)
             print(f"  {case.op} {case.name}: ours/native = {row.ratio:.2f}", file=sys.stderr, flush=True)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
-    print_table(rows, f"torch_masked benchmarks on {args.device} ({where}), torch {torch.__version__}")
+    title = f"torch_masked benchmarks on {args.device} ({where}), torch {torch.__version__}"
+    print_table(rows, title)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"title": title, "device": args.device, "rows": [row.as_dict() for row in rows]}, f, indent=1)
 
 
 if __name__ == "__main__":
