@@ -8,6 +8,7 @@
 #include "boolean_mask.h"
 #include "common.h"
 #include "cpu/compaction.h"
+#include "cpu/huge_pages.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>

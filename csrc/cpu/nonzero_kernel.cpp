@@ -3,6 +3,7 @@
 // chunks, then each chunk writes its own rows.
 #include "common.h"
 #include "cpu/compaction.h"
+#include "cpu/huge_pages.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/util/SmallVector.h>

@@ -12,7 +12,7 @@
 //
 // Gather: rows are split among threads; each row is one slice copy.
 #include "common.h"
-#include "cpu/compaction.h"
+#include "cpu/huge_pages.h"
 #include "scatter_nd_index.h"
 
 #include <ATen/Dispatch.h>

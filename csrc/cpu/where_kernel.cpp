@@ -5,6 +5,7 @@
 // the compiler vectorises when strides are 1 or 0) or is fixed (a whole run
 // copied from x or y: memcpy for select's rows and broadcast conditions).
 #include "element_select.h"
+#include "cpu/huge_pages.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -145,6 +146,7 @@ void run_selection(const Selection& s) {
 
 at::Tensor selected(const Selection& s) {
   if (s.out.numel() > 0) {
+    advise_huge_pages(s.out);
     // Selection only moves bits: one instantiation per element size.
     dispatch_by_element_size("where", s.out.element_size(), [&](auto tag) { run_selection<decltype(tag)>(s); });
   }
