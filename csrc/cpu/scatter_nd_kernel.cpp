@@ -319,6 +319,7 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
 
 void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
                      const NdIndexGeometry& g, bool check_bounds) {
+  advise_huge_pages(output);
   const int64_t slice = g.slice_size;
   std::atomic<int64_t> first_bad{g.num_rows};
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
@@ -331,6 +332,10 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
       const auto gather_rows = [&](auto depth_one, int64_t begin, int64_t end) {
         constexpr bool kDepthOne = decltype(depth_one)::value;
         for (int64_t n = begin; n < end; ++n) {
+          // The sources are cache misses the indices announce early: prefetch
+          // a few rows ahead.
+          const int64_t ahead = slot_of<kDepthOne>(g, index_data + std::min(n + kPrefetchRows, end - 1) * g.depth);
+          prefetch_row(src + std::max<int64_t>(ahead, 0) * slice, slice * static_cast<int64_t>(sizeof(T)));
           const int64_t slot = slot_of<kDepthOne>(g, index_data + n * g.depth);
           T* row = dst + n * slice;
           if (slot < 0) {
