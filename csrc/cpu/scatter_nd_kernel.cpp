@@ -10,7 +10,8 @@
 // bfloat16 accumulate in float and round once at the end. Slices are sorted
 // by slot first (see scatter_slices), so the output is written in one pass.
 //
-// Gather: rows are split among threads; each row is one slice copy.
+// Gather: rows are split among threads; each row is one slice copy, its
+// source prefetched a few rows ahead.
 #include "common.h"
 #include "cpu/huge_pages.h"
 #include "scatter_nd_index.h"
