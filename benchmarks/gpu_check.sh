@@ -56,4 +56,6 @@ bench_rc=$?
 tail -5 "$OUT/bench.err"
 echo "bench rc=${bench_rc}; total ${SECONDS}s"
 cat "$OUT/bench.log"
-python3 benchmarks/goals.py "$OUT/rows.json" | tee "$OUT/goals.txt"
+if [ -f "$OUT/rows.json" ]; then
+  python3 benchmarks/goals.py "$OUT/rows.json" | tee "$OUT/goals.txt"
+fi
