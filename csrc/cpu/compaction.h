@@ -5,7 +5,6 @@
 #pragma once
 
 #include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cstdint>
