@@ -149,6 +149,24 @@ def test_long_masks_whole_and_partial_chunks(device, offset, density, row_shape)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("row_shape", [(), (3,)], ids=str)
+def test_mask_bytes_other_than_one_are_true(device, row_shape):
+    """A bool tensor viewed from other bytes can hold 2, 0x80 or 0xff: each
+    is true, as for torch's indexing, in the forward and the backward."""
+    n = 512 * 3 + 5
+    gen = torch.Generator().manual_seed(7)
+    values = torch.tensor([0, 1, 2, 0x80, 0xFF], dtype=torch.uint8)
+    mask_bytes = values[torch.randint(0, len(values), (n,), generator=gen)]
+    mask = mask_bytes.to(device).view(torch.bool)
+    canonical = (mask_bytes != 0).to(device)
+    tensor = random_values((n,) + row_shape, torch.float32, device)
+    result = boolean_mask_op(tensor, mask)
+    assert_same(result, reference(tensor, canonical))
+    shape = [n, *row_shape]
+    assert_same(backward_op(result, mask, shape, 0), backward_reference(result, canonical, shape, 0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty(device):
     cases = [
         ((0,), 0, (0,)),

@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include <cub/cub.cuh>
+#include <thrust/iterator/transform_iterator.h>
 
 #include <algorithm>
 #include <limits>
@@ -30,9 +31,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Sums mask flags in 64 bits, so that the counts never overflow.
-struct AddCounts {
-  __host__ __device__ int64_t operator()(int64_t a, int64_t b) const { return a + b; }
+// A mask byte as a count: any non-zero byte is true, as in every other
+// reading of the mask (a bool tensor viewed from other bytes may hold 2 or
+// 255), and 64 bits, so that the counts never overflow.
+struct TrueFlagCount {
+  __host__ __device__ int64_t operator()(uint8_t flag) const { return flag != 0; }
 };
 
 // Runs a CUB device-wide call twice: to size its temporary storage, then for real.
@@ -45,11 +48,13 @@ void run_cub(const at::TensorOptions& options, const CubCall& call) {
 }
 
 // counts[j] = number of true flags in mask[0..j].
-at::Tensor inclusive_counts(const bool* mask, int64_t rows, const at::TensorOptions& options, cudaStream_t stream) {
+at::Tensor inclusive_counts(const uint8_t* mask, int64_t rows, const at::TensorOptions& options,
+                            cudaStream_t stream) {
   at::Tensor counts = at::empty({rows}, options.dtype(at::kLong));
   int64_t* out = counts.data_ptr<int64_t>();
+  const auto flags = thrust::make_transform_iterator(mask, TrueFlagCount{});
   run_cub(options, [&](void* temp, size_t& temp_bytes) {
-    return cub::DeviceScan::InclusiveScan(temp, temp_bytes, mask, out, AddCounts{}, rows, stream);
+    return cub::DeviceScan::InclusiveSum(temp, temp_bytes, flags, out, rows, stream);
   });
   return counts;
 }
@@ -321,7 +326,7 @@ unsigned blocks_for(int64_t items) {
 // true, zero where it is false. A count past grad's rows (a grad that does
 // not match the mask) reads nothing and writes zero.
 template <typename Unit, typename Index>
-__global__ void expand_selected_slices(const Unit* __restrict__ grad, const bool* __restrict__ mask,
+__global__ void expand_selected_slices(const Unit* __restrict__ grad, const uint8_t* __restrict__ mask,
                                        const int64_t* __restrict__ counts, Unit* __restrict__ dst, Index rows,
                                        Index units, int64_t grad_rows, int64_t total) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -330,7 +335,7 @@ __global__ void expand_selected_slices(const Unit* __restrict__ grad, const bool
   }
   const SlicePosition<Index> position(e, rows, units);
   Unit value{};
-  if (mask[position.row]) {
+  if (mask[position.row] != 0) {
     const int64_t packed = counts[position.row] - 1;
     if (packed < grad_rows) {
       value = grad[(static_cast<int64_t>(position.block) * grad_rows + packed) * units + position.unit];
@@ -480,7 +485,7 @@ at::Tensor boolean_mask_backward_cuda(const at::Tensor& grad, const at::Tensor& 
       return;
     }
     const at::Tensor flags = mask.contiguous();
-    const bool* mask_data = flags.const_data_ptr<bool>();
+    const auto* mask_data = static_cast<const uint8_t*>(flags.const_data_ptr());
     const at::Tensor counts = inclusive_counts(mask_data, view.rows, packed_grad.options(), stream);
     launch_over(total, [&](unsigned blocks, auto index) {
       using Index = decltype(index);
