@@ -1,6 +1,7 @@
 """masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add against
 ATen references (index_put_(accumulate=True), advanced indexing), NumPy's
 np.add.at and the tf.scatter_nd / tf.gather_nd reference examples."""
+import contextlib
 import itertools
 
 import numpy as np
@@ -180,24 +181,78 @@ def test_cpu_negative_zero_updates_sum_to_positive_zero(width):
         assert out.signbit().all()  # -0.0 + -0.0 + -0.0 and untouched -0.0
 
 
+@contextlib.contextmanager
+def deterministic_algorithms():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+# On CUDA, float32/half/bfloat16 outputs of up to 2**22 elements take the
+# fixed-point path, larger ones and the other types the sorted one.
+FIXED_POINT_MAX_ELEMENTS = 2**22
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.float64])
 def test_deterministic_mode_is_bitwise_reproducible(device, dtype):
     gen = torch.Generator().manual_seed(4)
-    cases = [((1000,), 1, 100_000), ((50, 64), 1, 5000), ((20, 30), 2, 30_000), ((7, 5), 0, 2000)]
+    cases = [((1000,), 1, 100_000), ((50, 64), 1, 5000), ((20, 30), 2, 30_000), ((7, 5), 0, 2000),
+             ((FIXED_POINT_MAX_ELEMENTS + 16,), 1, 3000)]
     before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         for shape, k, rows in cases:
             indices = random_indices((rows,), shape, k, gen, duplicates=False).to(device)
+            if rows < shape[0]:  # many rows on few destinations, the rest spread out
+                indices[: rows // 2] = indices[: rows // 2] % 7
             updates = small_values([rows] + list(shape[k:]), dtype, gen).to(device)
             first = torch_masked.scatter_nd(indices, updates, shape)
             second = torch_masked.scatter_nd(indices, updates, shape)
             assert torch.equal(first, second)
             assert_same(first, reference_scatter(indices, updates, shape), loose=True)
-    finally:
-        torch.use_deterministic_algorithms(before)
     assert torch.are_deterministic_algorithms_enabled() == before
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_deterministic_mode_special_values_as_in_index_order(device, dtype):
+    """Infinities, NaN, signed zeros and a large value cancelling around a
+    small one give what adding in index order gives (the CPU's sums)."""
+    big = 1e4 if dtype == torch.float16 else 1e30
+    inf, nan = float("inf"), float("nan")
+    rows = [(0, inf), (0, 1.0), (1, inf), (1, -inf), (2, nan), (2, 1.0), (3, -inf), (3, -1.0),
+            (4, -0.0), (4, -0.0), (5, big), (5, 1.0), (5, -big), (6, -0.0), (7, 2.5)]
+    indices = torch.tensor([[slot] for slot, _ in rows])
+    updates = torch.tensor([value for _, value in rows], dtype=dtype)
+    base = torch.tensor([0.0, 0.0, 0.0, 0.0, -0.0, 0.0, 0.0, -0.0, -0.0], dtype=dtype)  # slot 8: untouched
+    sums = base.to(torch.float32, copy=True)
+    for (slot, _), value in zip(rows, updates.float()):
+        sums[slot] = sums[slot] + value  # float32 arithmetic, rounded to dtype once
+    expected = sums.to(dtype)
+    assert expected.isnan().tolist() == [False, True, True] + [False] * 6
+    with deterministic_algorithms():
+        out = torch_masked.tensor_scatter_nd_add(base.to(device), indices.to(device), updates.to(device)).cpu()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    finite = ~expected.isnan()
+    assert torch.equal(out[finite].signbit(), expected[finite].signbit())
+
+
+@pytest.mark.cuda
+def test_cuda_fixed_point_sums_are_accurate():
+    """100 000 positive float32 updates of magnitudes 2**-12 to 2**12 into four
+    destinations: the fixed-point sums are within float32's rounding of the
+    exact sums, where adding in any order in float32 strays further."""
+    gen = torch.Generator().manual_seed(5)
+    rows = 100_000
+    updates = torch.rand(rows, generator=gen) * torch.exp2(torch.randint(-12, 13, (rows,), generator=gen).float())
+    indices = torch.randint(0, 4, (rows, 1), generator=gen)
+    exact = torch.zeros(4, dtype=torch.float64).index_add_(0, indices[:, 0], updates.double())
+    with deterministic_algorithms():
+        out = torch_masked.scatter_nd(indices.cuda(), updates.cuda(), [4]).cpu()
+    torch.testing.assert_close(out.double(), exact, rtol=2**-23, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

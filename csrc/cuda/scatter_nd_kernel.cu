@@ -1,16 +1,21 @@
 // CUDA kernels for masked::scatter_nd, masked::tensor_scatter_nd_add and
 // masked::gather_nd.
 //
-// Scatter has two paths:
+// Scatter has three paths:
 // - atomic (the default): one thread per update element, atomically added
 //   to its destination; bool ORs, integers add exactly, so both stay on this
 //   path even in deterministic mode;
-// - sorted (floating and complex types when
-//   torch.are_deterministic_algorithms_enabled()): the index rows (or, for
-//   slices of one element, the updates themselves) are stable-sorted by
-//   destination slot with CUB's radix sort, then the first row of each run
-//   of equal slots sums the run in index order, in the accumulation type,
-//   and adds the sum to the output. No atomics, the same bits on every run.
+// - fixed point (float, half and bfloat16 when
+//   torch.are_deterministic_algorithms_enabled(), outputs of at most
+//   kFixedPointMaxElements): each destination takes a scale from the largest
+//   update it receives, every update becomes an integer at that scale, and
+//   integer atomic adds are exact, so the sum does not depend on their order;
+// - sorted (the other floating and complex types, or larger outputs, in
+//   deterministic mode): the index rows (or, for slices of one element, the
+//   updates themselves) are stable-sorted by destination slot with CUB's
+//   radix sort, then the first row of each run of equal slots sums the run
+//   in index order, in the accumulation type, and adds the sum to the output.
+// Both deterministic paths give the same bits on every run.
 //
 // Bounds: every kernel records the first index row out of bounds with an
 // atomicMin into one int64 on the device. With check_bounds the host reads
@@ -173,17 +178,32 @@ __device__ int64_t element_offset(const NdIndexGeometry& g, const index_t* indic
   return slot * g.slice_size + column;
 }
 
-// One thread per update element.
-template <typename scalar_t, typename index_t>
-__global__ void scatter_atomic_kernel(NdIndexGeometry g, const index_t* indices, const scalar_t* updates,
-                                      scalar_t* out, int64_t total, int64_t* first_bad) {
+// One thread per update element: apply(offset, update) for each whose index
+// row is in bounds.
+template <typename scalar_t, typename index_t, typename Apply>
+__global__ void for_each_update_kernel(NdIndexGeometry g, const index_t* indices, const scalar_t* updates,
+                                       int64_t total, int64_t* first_bad, Apply apply) {
   GRID_STRIDE_LOOP(t, total) {
     const int64_t offset = element_offset(g, indices, t, first_bad);
     if (offset >= 0) {
-      atomic_accumulate(out + offset, updates[t]);
+      apply(offset, updates[t]);
     }
   }
 }
+
+template <typename scalar_t, typename index_t, typename Apply>
+void for_each_update(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates, int64_t* first_bad,
+                     Apply apply, cudaStream_t stream) {
+  const int64_t total = g.num_rows * g.slice_size;
+  for_each_update_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, indices, updates, total, first_bad, apply);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename scalar_t>
+struct AtomicAdd {
+  scalar_t* out;
+  __device__ void operator()(int64_t offset, scalar_t v) const { atomic_accumulate(out + offset, v); }
+};
 
 // One thread per index row: its slot as a sort key (rows out of bounds get
 // num_slots, after every real slot) and, unless rows == nullptr, its row
@@ -331,6 +351,141 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Fixed-point sums (float, half and bfloat16 updates).
+//
+// Each output element gets a code, the largest of its updates' codes (0
+// while nothing lands there): 1 for -0.0, 2 for +0.0, kFirstScaledCode plus
+// the float exponent field for any other finite value. Subnormals count as
+// exponent field 0, that is 2^-127, above their own size, so every update of
+// an element with code c is below 2^(E + 1), E = scale_exponent(c).
+// Non-finite updates OR flags above every finite code instead: no later
+// maximum undoes them, and their sum needs no scale.
+//
+// Then each update v adds round(v * 2^(F - E - 1)), at most 2^F in size, to
+// the element's int64. With F = 62 - ceil(log2(rows)) the sum of one update
+// per row cannot overflow, and the quantum 2^(E + 1 - F) is at most 2^-30 of
+// the element's largest update (rows <= 2^31): finer than the rounding of a
+// float sum. Integer addition is exact, so the order the atomics land in
+// does not matter.
+constexpr uint32_t kMinusZero = 1;
+constexpr uint32_t kPlusZero = 2;
+constexpr uint32_t kFirstScaledCode = 3;
+constexpr uint32_t kPlusInfinity = 1u << 10;
+constexpr uint32_t kMinusInfinity = 1u << 11;
+constexpr uint32_t kNotANumber = 1u << 12;
+// Up to 4 Mi output elements (48 MiB of codes and sums, about the L2 cache
+// of a large GPU) the three passes beat the sort, whose fixed cost of many
+// launches dominates at these sizes; beyond, the sort's cost follows the
+// updates alone, not the output.
+constexpr int64_t kFixedPointMaxElements = int64_t{1} << 22;
+constexpr int64_t kFixedPointMaxRows = int64_t{1} << 31;
+
+__device__ inline uint32_t fixed_point_code(float v) {
+  const uint32_t bits = __float_as_uint(v);
+  const uint32_t exponent_field = (bits >> 23) & 0xff;
+  const bool negative = (bits >> 31) != 0;
+  if (exponent_field == 0xff) {
+    return (bits & 0x7fffff) != 0 ? kNotANumber : negative ? kMinusInfinity : kPlusInfinity;
+  }
+  if ((bits & 0x7fffffff) == 0) {
+    return negative ? kMinusZero : kPlusZero;
+  }
+  return kFirstScaledCode + exponent_field;
+}
+
+__device__ inline int scale_exponent(uint32_t code) {
+  return static_cast<int>(code - kFirstScaledCode) - 127;
+}
+
+// The first pass: each element's code, the largest of its updates'.
+struct NoteCode {
+  uint32_t* codes;
+  template <typename scalar_t>
+  __device__ void operator()(int64_t offset, scalar_t v) const {
+    const uint32_t code = fixed_point_code(static_cast<float>(v));
+    if (code < kPlusInfinity) {
+      atomicMax(codes + offset, code);
+    } else {
+      atomicOr(codes + offset, code);
+    }
+  }
+};
+
+// The second pass: each update, at its element's scale, into the element's int64.
+struct AddInFixedPoint {
+  const uint32_t* codes;
+  unsigned long long* sums;
+  int fraction_bits;
+  template <typename scalar_t>
+  __device__ void operator()(int64_t offset, scalar_t v) const {
+    const uint32_t code = codes[offset];
+    if (code < kFirstScaledCode || code >= kPlusInfinity) {
+      return;  // only zeros land there, or the sum is not finite
+    }
+    const double scaled =
+        scalbn(static_cast<double>(static_cast<float>(v)), fraction_bits - scale_exponent(code) - 1);
+    const long long units = __double2ll_rn(scaled);
+    if (units != 0) {
+      // Two's complement: the unsigned add is the signed one.
+      atomicAdd(sums + offset, static_cast<unsigned long long>(units));
+    }
+  }
+};
+
+// Adds each element's sum, back in floating point, to the output (which
+// holds the base, or zeros).
+template <typename scalar_t>
+__global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned long long* sums, int fraction_bits,
+                                          scalar_t* out, int64_t elements) {
+  GRID_STRIDE_LOOP(i, elements) {
+    const uint32_t code = codes[i];
+    if (code == 0) {
+      continue;
+    }
+    float sum;
+    if (code >= kPlusInfinity) {
+      const bool both_infinities = (code & kPlusInfinity) != 0 && (code & kMinusInfinity) != 0;
+      sum = (code & kNotANumber) != 0 || both_infinities ? __int_as_float(0x7fc00000)
+            : (code & kPlusInfinity) != 0               ? __int_as_float(0x7f800000)
+                                                        : __int_as_float(static_cast<int>(0xff800000u));
+    } else if (code < kFirstScaledCode) {
+      sum = code == kMinusZero ? -0.0f : 0.0f;
+    } else {
+      sum = static_cast<float>(
+          scalbn(static_cast<double>(static_cast<long long>(sums[i])), scale_exponent(code) + 1 - fraction_bits));
+    }
+    out[i] = static_cast<scalar_t>(static_cast<float>(out[i]) + sum);
+  }
+}
+
+bool fits_fixed_point(const NdIndexGeometry& g) {
+  const int64_t elements = g.num_slots * g.slice_size;
+  return elements > 0 && elements <= kFixedPointMaxElements && g.num_rows <= kFixedPointMaxRows;
+}
+
+template <typename scalar_t, typename index_t>
+void scatter_fixed_point(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates, scalar_t* out,
+                         int64_t* first_bad, cudaStream_t stream) {
+  const int64_t elements = g.num_slots * g.slice_size;
+  int row_bits = 0;
+  while ((int64_t{1} << row_bits) < g.num_rows) {
+    ++row_bits;
+  }
+  const int fraction_bits = 62 - row_bits;
+  // One buffer, one memset: the int64 sums, then the codes.
+  constexpr int64_t kBytesPerElement = sizeof(unsigned long long) + sizeof(uint32_t);
+  at::Tensor holder;
+  auto* sums = static_cast<unsigned long long*>(scratch(holder, elements * kBytesPerElement));
+  auto* codes = reinterpret_cast<uint32_t*>(sums + elements);
+  C10_CUDA_CHECK(cudaMemsetAsync(sums, 0, elements * kBytesPerElement, stream));
+  for_each_update(g, indices, updates, first_bad, NoteCode{codes}, stream);
+  // The rows out of bounds are noted already.
+  for_each_update(g, indices, updates, nullptr, AddInFixedPoint{codes, sums, fraction_bits}, stream);
+  fixed_point_finish_kernel<<<blocks_for(elements), kThreads, 0, stream>>>(codes, sums, fraction_bits, out,
+                                                                           elements);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntArrayRef shape,
                              const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
                              bool check_bounds) {
@@ -361,6 +516,14 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
       // Integer and bool sums do not depend on the order.
       if constexpr (!std::is_integral_v<scalar_t>) {
         if (deterministic) {
+          constexpr bool kFixedPointType = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::Half> ||
+                                           std::is_same_v<scalar_t, at::BFloat16>;
+          if constexpr (kFixedPointType) {
+            if (fits_fixed_point(g)) {
+              scatter_fixed_point(g, index_data, update_data, out_data, first_bad_ptr, stream);
+              return;
+            }
+          }
           // Keys go up to num_slots (rows out of bounds).
           if (g.num_slots < std::numeric_limits<uint32_t>::max() && g.num_rows <= std::numeric_limits<int32_t>::max()) {
             scatter_sorted<uint32_t, int32_t>(g, index_data, update_data, out_data, first_bad_ptr, stream);
@@ -370,9 +533,7 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
           return;
         }
       }
-      scatter_atomic_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, index_data, update_data, out_data,
-                                                                        total, first_bad_ptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      for_each_update(g, index_data, update_data, first_bad_ptr, AtomicAdd<scalar_t>{out_data}, stream);
     });
   });
   first_bad.raise_if_any(op, indices, shape);
