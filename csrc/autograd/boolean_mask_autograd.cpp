@@ -4,6 +4,8 @@
 // so derivatives of every order stay inside our ops. Written in C++ rather
 // than with torch.library.register_autograd: the Python layer cost more than
 // the kernels on sub-millisecond calls.
+#include "autograd/records_graph.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -68,12 +70,12 @@ class BooleanMaskBackward : public torch::autograd::Function<BooleanMaskBackward
 };
 
 at::Tensor boolean_mask_autograd(const at::Tensor& tensor, const at::Tensor& mask, int64_t axis) {
-  return BooleanMask::apply(tensor, mask, axis);
+  return apply_if_recording<BooleanMask>({tensor}, call_boolean_mask, tensor, mask, axis);
 }
 
 at::Tensor boolean_mask_backward_autograd(const at::Tensor& grad, const at::Tensor& mask,
                                           c10::SymIntArrayRef input_shape, int64_t axis) {
-  return BooleanMaskBackward::apply(grad, mask, input_shape, axis);
+  return apply_if_recording<BooleanMaskBackward>({grad}, call_boolean_mask_backward, grad, mask, input_shape, axis);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 // against in-place changes), and the backward then costs no device sync.
 // In C++ rather than with torch.library.register_autograd: the Python layer
 // cost more than the kernels on sub-millisecond calls.
+#include "autograd/records_graph.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -99,16 +101,17 @@ class GatherNd : public torch::autograd::Function<GatherNd> {
 
 at::Tensor scatter_nd_autograd(const at::Tensor& indices, const at::Tensor& updates, c10::SymIntArrayRef shape,
                                bool check_bounds) {
-  return ScatterNd::apply(indices, updates, shape, check_bounds);
+  return apply_if_recording<ScatterNd>({updates}, call_scatter_nd, indices, updates, shape, check_bounds);
 }
 
 at::Tensor tensor_scatter_nd_add_autograd(const at::Tensor& tensor, const at::Tensor& indices,
                                           const at::Tensor& updates, bool check_bounds) {
-  return TensorScatterNdAdd::apply(tensor, indices, updates, check_bounds);
+  return apply_if_recording<TensorScatterNdAdd>({tensor, updates}, call_tensor_scatter_nd_add, tensor, indices,
+                                                updates, check_bounds);
 }
 
 at::Tensor gather_nd_autograd(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
-  return GatherNd::apply(params, indices, check_bounds);
+  return apply_if_recording<GatherNd>({params}, call_gather_nd, params, indices, check_bounds);
 }
 
 }  // namespace

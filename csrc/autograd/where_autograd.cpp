@@ -6,6 +6,8 @@
 // double backward and compiled backward work. In C++ rather than with
 // torch.library.register_autograd: the Python layer cost more than the
 // kernels on sub-millisecond calls.
+#include "autograd/records_graph.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -75,19 +77,16 @@ class Selection : public torch::autograd::Function<Selection<Op>> {
   }
 };
 
-at::Tensor where_self_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
-  return Selection<WhereSelf>::apply(condition, x, y);
-}
-
-at::Tensor select_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
-  return Selection<Select>::apply(condition, x, y);
+template <typename Op>
+at::Tensor selection_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
+  return apply_if_recording<Selection<Op>>({x, y}, Op::call, condition, x, y);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(masked, Autograd, m) {
-  m.impl("where.self", &where_self_autograd);
-  m.impl("select", &select_autograd);
+  m.impl("where.self", &selection_autograd<WhereSelf>);
+  m.impl("select", &selection_autograd<Select>);
 }
 
 }  // namespace torch_masked

@@ -128,6 +128,8 @@ def _as_tensor(value, partner, device):
 
 def _as_tensors(condition, x, y):
     """All three as tensors, on the device of the first one given as a tensor."""
+    if isinstance(condition, torch.Tensor) and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        return condition, x, y  # the common call, at no cost
     device = next((t.device for t in (condition, x, y) if isinstance(t, torch.Tensor)), None)
     return _as_tensor(condition, None, device), _as_tensor(x, y, device), _as_tensor(y, x, device)
 

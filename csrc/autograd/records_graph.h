@@ -1,0 +1,42 @@
+// Whether a call of one of our ops must build its autograd node: grad mode
+// is on and one of its differentiable inputs requires grad. Function::apply
+// builds the node, its context and its saved values on every call, even
+// when nothing will use them, and that costs about as much as a small
+// kernel; without a graph to record, the op runs below autograd at once.
+#pragma once
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+
+#include <functional>
+#include <initializer_list>
+
+namespace torch_masked {
+
+using DifferentiableInputs = std::initializer_list<std::reference_wrapper<const at::Tensor>>;
+
+inline bool records_graph(DifferentiableInputs differentiable) {
+  if (!c10::GradMode::is_enabled()) {
+    return false;
+  }
+  for (const at::Tensor& input : differentiable) {
+    if (input.requires_grad()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Function::apply(args...) when the call records a graph, else call(args...)
+// below autograd.
+template <typename Function, typename Call, typename... Args>
+at::Tensor apply_if_recording(DifferentiableInputs differentiable, const Call& call, const Args&... args) {
+  if (records_graph(differentiable)) {
+    return Function::apply(args...);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return call(args...);
+}
+
+}  // namespace torch_masked
