@@ -35,18 +35,13 @@ struct MaskedView {
   }
 };
 
-// The name Python prints for a dtype, e.g. "torch.float32".
-inline std::string python_dtype_name(at::ScalarType dtype) {
-  return "torch." + std::string(c10::getDtypeNames(dtype).first);
-}
-
 // Checks `mask` against the shape it masks (`shape_name` says which argument
 // that is) and returns the view. A negative axis counts from the end of the
 // shape whatever the mask's rank.
 inline MaskedView masked_view(
     const char* op, const char* shape_name, at::IntArrayRef shape, const at::Tensor& mask, int64_t axis) {
   MASKED_CHECK_TYPE(mask.scalar_type() == at::kBool, op, ": expected mask of dtype torch.bool, got ",
-                   python_dtype_name(mask.scalar_type()));
+                   dtype_name(mask.scalar_type()));
   const int64_t rank = static_cast<int64_t>(shape.size());
   const int64_t mask_dims = mask.dim();
   MASKED_CHECK_VALUE(mask_dims >= 1, op, ": expected mask of rank >= 1, got a 0-d mask");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
@@ -49,6 +50,11 @@ std::string message(const Pieces&... pieces) {
 #define MASKED_CHECK_TYPE(cond, ...) TORCH_CHECK_TYPE(cond, ::torch_masked::message(__VA_ARGS__))
 
 namespace torch_masked {
+
+// "torch.float32", as Python prints the dtype.
+inline std::string dtype_name(at::ScalarType dtype) {
+  return "torch." + std::string(c10::getDtypeNames(dtype).first);
+}
 
 // Every tensor argument of an op on one device; the message lists them all.
 // torch_masked/ops/_checks.py:check_same_device prints the same words.
@@ -108,11 +114,22 @@ struct NonzeroBits<Bytes16> {
   }
 };
 
+// "Non-zero" means nothing for a dtype without a zero (float8_e8m0fnu) or
+// with two values to an element (float4_e2m1fn_x2).
+// torch_masked/ops/nonzero.py:_check_dtype prints the same words.
+inline void check_nonzero_dtype(const char* op, at::ScalarType dtype) {
+  MASKED_CHECK_TYPE(dtype != at::kFloat8_e8m0fnu && dtype != at::kFloat4_e2m1fn_x2, op,
+                    ": expected a dtype with a zero value and one value per element, got ", dtype_name(dtype));
+}
+
 // The NonzeroBits mask, from the dtype, as a pattern for up to 8 bytes: all
-// ones for bool and integers; each floating-point (or complex) part's sign bit
-// cleared.
+// ones for bool, integers and the float8 types without a negative zero (in
+// the "fnuz" ones the sign bit alone is NaN); each other floating-point (or
+// complex) part's sign bit cleared.
 inline uint64_t nonzero_mask_pattern(at::ScalarType dtype) {
-  if (!at::isFloatingType(dtype) && !at::isComplexType(dtype)) {
+  const bool signed_zero = (at::isFloatingType(dtype) || at::isComplexType(dtype)) &&
+                           dtype != at::kFloat8_e4m3fnuz && dtype != at::kFloat8_e5m2fnuz;
+  if (!signed_zero) {
     return ~uint64_t{0};
   }
   const int64_t part_bytes = at::isComplexType(dtype) ? c10::elementSize(dtype) / 2 : c10::elementSize(dtype);

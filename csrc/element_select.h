@@ -68,12 +68,6 @@ struct Selection {
   SelectGeometry geometry;
 };
 
-inline std::string dtype_name(at::ScalarType dtype) {
-  std::string name = "torch.";
-  name += c10::getDtypeNames(dtype).first;
-  return name;
-}
-
 // torch_masked/ops/where.py:_check_condition_dtype prints the same words.
 inline void check_condition_dtype(const char* op, const at::Tensor& condition) {
   MASKED_CHECK_TYPE(condition.scalar_type() == at::kBool, op, ": expected condition of dtype torch.bool, got ",

@@ -58,11 +58,6 @@ C10_HOST_DEVICE inline int64_t slot_of(const NdIndexGeometry& g, const index_t* 
   }
 }
 
-// "torch.float32", as Python prints the dtype.
-inline std::string dtype_name(at::ScalarType dtype) {
-  return "torch." + std::string(c10::getDtypeNames(dtype).first);
-}
-
 // Checks indices (dtype, rank, depth) against the target shape and returns
 // the geometry. torch_masked/ops/scatter_nd.py:_geometry prints the same words.
 inline NdIndexGeometry make_geometry(const char* op, const at::Tensor& indices, at::IntArrayRef shape,

@@ -134,6 +134,31 @@ def test_nan_subnormal_and_negative_zero(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_float8_zeros_by_their_own_rules(device):
+    """Bytes 0x00, 0x80, 0x01: 0x80 is -0.0 in float8_e4m3fn and e5m2 (zero),
+    NaN in the fnuz types, which have no -0.0 (non-zero)."""
+    raw = torch.tensor([0x00, 0x80, 0x01], dtype=torch.uint8, device=device)
+    for dtype, expected in [(torch.float8_e4m3fn, [2]), (torch.float8_e5m2, [2]),
+                            (torch.float8_e4m3fnuz, [1, 2]), (torch.float8_e5m2fnuz, [1, 2])]:
+        x = raw.view(dtype)
+        assert (x.float() != 0).nonzero().flatten().tolist() == expected  # torch's own reading
+        assert torch_masked.nonzero(x).flatten().tolist() == expected
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("dtype", [torch.float8_e8m0fnu, torch.float4_e2m1fn_x2])
+def test_dtypes_without_a_zero_are_refused(device, dtype):
+    x = torch.zeros(4, dtype=torch.uint8, device=device).view(dtype)
+    message = r"expected a dtype with a zero value and one value per element, got torch\.float"
+    with pytest.raises(TypeError, match="nonzero: " + message):
+        torch_masked.nonzero(x)
+    with pytest.raises(TypeError, match="nonzero_tuple: " + message):
+        torch_masked.nonzero(x, as_tuple=True)
+    with pytest.raises(TypeError, match="nonzero_static: " + message):
+        torch_masked.nonzero_static(x, size=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 def test_complex_parts(device, dtype):
     x = torch.tensor([0j, complex(-0.0, -0.0), 1j, 2 + 0j, complex(float("nan"), 0), complex(0, 1e-310)], dtype=dtype)

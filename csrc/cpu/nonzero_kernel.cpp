@@ -146,7 +146,8 @@ void write_chunk(const T* data, at::IntArrayRef sizes, int64_t begin, int64_t en
 // treated as 1-D with one element (the tuple form's rule; the 2-D form has no
 // columns to write).
 template <typename Allocate>
-void nonzero_into(const at::Tensor& self, const Allocate& allocate, int64_t max_rows) {
+void nonzero_into(const char* op, const at::Tensor& self, const Allocate& allocate, int64_t max_rows) {
+  check_nonzero_dtype(op, self.scalar_type());
   const at::Tensor input = self.contiguous();
   const int64_t n = input.numel();
   const std::vector<int64_t> sizes = input.dim() == 0 ? std::vector<int64_t>{1} : input.sizes().vec();
@@ -180,7 +181,7 @@ IndexOutput row_major_output(const at::Tensor& result) {
 at::Tensor nonzero_cpu(const at::Tensor& self) {
   at::Tensor result;
   nonzero_into(
-      self,
+      "nonzero", self,
       [&](int64_t total) {
         result = at::empty({total, self.dim()}, self.options().dtype(at::kLong));
         advise_huge_pages(result);
@@ -193,7 +194,7 @@ at::Tensor nonzero_cpu(const at::Tensor& self) {
 std::vector<at::Tensor> nonzero_tuple_cpu(const at::Tensor& self) {
   std::vector<at::Tensor> result;
   nonzero_into(
-      self,
+      "nonzero_tuple", self,
       [&](int64_t total) {
         IndexOutput out{{}, 1};
         for (int64_t j = 0; j < std::max<int64_t>(self.dim(), 1); ++j) {
@@ -212,7 +213,7 @@ at::Tensor nonzero_static_cpu(const at::Tensor& self, int64_t size, int64_t fill
   const at::Tensor result = at::empty({size, self.dim()}, self.options().dtype(at::kLong));
   advise_huge_pages(result);
   nonzero_into(
-      self,
+      "nonzero_static", self,
       [&](int64_t total) {
         // Rows past the last non-zero element keep fill_value.
         const int64_t filled = std::min(total, size) * self.dim();

@@ -213,6 +213,7 @@ IndexColumns row_major_columns(const at::Tensor& input, const at::Tensor& result
 // device, unless it is empty.
 template <typename Fn>
 void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
+  check_nonzero_dtype(op, self.scalar_type());
   MASKED_CHECK(self.dim() <= kMaxDims, op, ": expected a tensor of at most ", kMaxDims,
               " dimensions on CUDA, got ", self.dim());
   const c10::cuda::CUDAGuard guard(self.device());
