@@ -364,9 +364,10 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
 // Then each update v adds round(v * 2^(F - E - 1)), at most 2^F in size, to
 // the element's int64. With F = 62 - ceil(log2(rows)) the sum of one update
 // per row cannot overflow, and the quantum 2^(E + 1 - F) is at most 2^-30 of
-// the element's largest update (rows <= 2^31): finer than the rounding of a
-// float sum. Integer addition is exact, so the order the atomics land in
-// does not matter.
+// the element's largest update (rows <= 2^31; for subnormal updates, below
+// float's own spacing there): finer than the rounding of a float sum.
+// Integer addition is exact, so the order the atomics land in does not
+// matter.
 constexpr uint32_t kMinusZero = 1;
 constexpr uint32_t kPlusZero = 2;
 constexpr uint32_t kFirstScaledCode = 3;
