@@ -1,4 +1,6 @@
 """Shared parameters and helpers for the op tests."""
+import warnings
+
 import pytest
 import torch
 
@@ -36,3 +38,16 @@ def non_contiguous(t):
     padded = torch.stack([t, torch.zeros_like(t)], dim=-1).select(-1, 0)
     assert not padded.is_contiguous() or t.numel() <= 1
     return padded
+
+
+def assert_forward_ad_refused(fn, primal):
+    """fn(primal) with a forward-mode tangent on `primal` raises autograd's
+    clear error, rather than returning a result without a tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    # Forward AD scripts a helper on first use, and torch.jit.script warns.
+    with warnings.catch_warnings(), fwAD.dual_level():
+        warnings.simplefilter("ignore", FutureWarning)
+        dual = fwAD.make_dual(primal, torch.ones_like(primal))
+        with pytest.raises(RuntimeError, match="jvp is not implemented"):
+            fn(dual)

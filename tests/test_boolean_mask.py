@@ -6,7 +6,14 @@ import pytest
 import torch
 
 import torch_masked
-from tests.common import ALL_DTYPES, DEVICES, WIDE_UNSIGNED_DTYPES, make_tensor, non_contiguous
+from tests.common import (
+    ALL_DTYPES,
+    DEVICES,
+    WIDE_UNSIGNED_DTYPES,
+    assert_forward_ad_refused,
+    make_tensor,
+    non_contiguous,
+)
 
 boolean_mask_op = torch.ops.masked.boolean_mask.default
 backward_op = torch.ops.masked.boolean_mask_backward.default
@@ -307,6 +314,13 @@ def test_opcheck(device, requires_grad):
         torch.library.opcheck(torch.ops.masked.boolean_mask.default, args)
     for args in backward_sample_inputs(device, requires_grad):
         torch.library.opcheck(torch.ops.masked.boolean_mask_backward.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_mode_ad_is_refused(device):
+    mask = torch.tensor([True, False, True], device=device)
+    assert_forward_ad_refused(lambda t: torch_masked.boolean_mask(t, mask), torch.ones(3, device=device))
+    assert_forward_ad_refused(lambda g: backward_op(g, mask, [3], 0), torch.ones(2, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

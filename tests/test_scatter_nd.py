@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_masked
-from tests.common import ALL_DTYPES, DEVICES, non_contiguous
+from tests.common import ALL_DTYPES, DEVICES, assert_forward_ad_refused, non_contiguous
 
 INDEX_DTYPES = [torch.int32, torch.int64]
 # (shape, K) for every K from 0 to the rank of each shape.
@@ -483,6 +483,15 @@ def sample_inputs(device, requires_grad):
 def test_opcheck(device, requires_grad):
     for op, args, kwargs in sample_inputs(device, requires_grad):
         torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_mode_ad_is_refused(device):
+    indices = torch.tensor([[1], [0]], device=device)
+    values = torch.ones(2, device=device)
+    assert_forward_ad_refused(lambda u: torch_masked.scatter_nd(indices, u, [3]), values)
+    assert_forward_ad_refused(lambda t: torch_masked.tensor_scatter_nd_add(t, indices, values), values)
+    assert_forward_ad_refused(lambda p: torch_masked.gather_nd(p, indices), values)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 from torch._library import simple_registry
 
 import torch_masked
-from tests.common import ALL_DTYPES, DEVICES, make_tensor, non_contiguous
+from tests.common import ALL_DTYPES, DEVICES, assert_forward_ad_refused, make_tensor, non_contiguous
 
 # where(condition) is a composite of masked::nonzero: its fake-tensor checks
 # need nonzero's fake kernel.
@@ -344,6 +344,14 @@ def test_select_gradcheck(device, c_shape):
     fn = lambda x, y: torch.ops.masked.select(condition, x, y)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, y))
     assert torch.autograd.gradgradcheck(fn, (x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_mode_ad_is_refused(device):
+    c = torch.tensor([True, False, True], device=device)
+    y = torch.zeros(3, device=device)
+    assert_forward_ad_refused(lambda x: torch_masked.where(c, x, y), torch.ones(3, device=device))
+    assert_forward_ad_refused(lambda x: torch_masked.select(c, y, x), torch.ones(3, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,8 +1,10 @@
-// Whether a call of one of our ops must build its autograd node: grad mode
-// is on and one of its differentiable inputs requires grad. Function::apply
-// builds the node, its context and its saved values on every call, even
-// when nothing will use them, and that costs about as much as a small
-// kernel; without a graph to record, the op runs below autograd at once.
+// Whether a call of one of our ops must go through Function::apply: grad
+// mode is on and one of its differentiable inputs requires grad, or one
+// carries a forward-mode tangent (which apply refuses with a clear error,
+// rather than dropping it). Function::apply builds the node, its context and
+// its saved values on every call, even when nothing will use them, and that
+// costs about as much as a small kernel; otherwise the op runs below
+// autograd at once.
 #pragma once
 
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -17,11 +19,9 @@ namespace torch_masked {
 using DifferentiableInputs = std::initializer_list<std::reference_wrapper<const at::Tensor>>;
 
 inline bool records_graph(DifferentiableInputs differentiable) {
-  if (!c10::GradMode::is_enabled()) {
-    return false;
-  }
+  const bool grad_mode = c10::GradMode::is_enabled();
   for (const at::Tensor& input : differentiable) {
-    if (input.requires_grad()) {
+    if ((grad_mode && input.requires_grad()) || input._fw_grad(/*level=*/0).defined()) {
       return true;
     }
   }
