@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -81,6 +82,18 @@ struct alignas(16) Bytes16 {
   uint64_t lo;
   uint64_t hi;
 };
+
+// Calls fn(uint32_t{}) when every index below `count` fits in 32 bits, else
+// fn(uint64_t{}): the index type kernels divide in, 64-bit division being
+// many times slower on a GPU.
+template <typename Fn>
+void with_index_type(int64_t count, const Fn& fn) {
+  if (count <= static_cast<int64_t>(std::numeric_limits<uint32_t>::max())) {
+    fn(uint32_t{});
+  } else {
+    fn(uint64_t{});
+  }
+}
 
 // Ops that only move elements (select, compact, scatter a copy) do not care
 // about the dtype, only its size: one instantiation per size serves all dtypes.

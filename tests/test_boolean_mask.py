@@ -65,6 +65,16 @@ def assert_same(result, expected):
     np.testing.assert_array_equal(to_numpy(result), to_numpy(expected))
 
 
+def assert_forward_and_backward_at_axis_0(tensor, mask, expected_mask=None):
+    """boolean_mask(tensor, mask) and its backward equal the references for
+    `expected_mask` (the mask itself unless given)."""
+    expected_mask = mask if expected_mask is None else expected_mask
+    result = boolean_mask_op(tensor, mask)
+    assert_same(result, reference(tensor, expected_mask))
+    shape = list(tensor.shape)
+    assert_same(backward_op(result, mask, shape, 0), backward_reference(result, expected_mask, shape, 0))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_reference_page_examples(device):
     one_d = torch_masked.boolean_mask(
@@ -148,11 +158,7 @@ def test_long_masks_whole_and_partial_chunks(device, offset, density, row_shape)
     n = 512 * 7 + 37
     torch.manual_seed(1)
     mask = random_mask((n + offset,), device, density)[offset:]
-    tensor = random_values((n,) + row_shape, torch.float32, device)
-    result = boolean_mask_op(tensor, mask)
-    assert_same(result, reference(tensor, mask))
-    shape = [n, *row_shape]
-    assert_same(backward_op(result, mask, shape, 0), backward_reference(result, mask, shape, 0))
+    assert_forward_and_backward_at_axis_0(random_values((n,) + row_shape, torch.float32, device), mask)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -166,11 +172,7 @@ def test_mask_bytes_other_than_one_are_true(device, row_shape):
     mask_bytes = values[torch.randint(0, len(values), (n,), generator=gen)]
     mask = mask_bytes.to(device).view(torch.bool)
     canonical = (mask_bytes != 0).to(device)
-    tensor = random_values((n,) + row_shape, torch.float32, device)
-    result = boolean_mask_op(tensor, mask)
-    assert_same(result, reference(tensor, canonical))
-    shape = [n, *row_shape]
-    assert_same(backward_op(result, mask, shape, 0), backward_reference(result, canonical, shape, 0))
+    assert_forward_and_backward_at_axis_0(random_values((n,) + row_shape, torch.float32, device), mask, canonical)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -344,19 +344,6 @@ __global__ void expand_selected_slices(const Unit* __restrict__ grad, const uint
   dst[e] = value;
 }
 
-// Calls launch(blocks, index type) for a kernel over `total` units, with
-// 32-bit index math when it fits.
-template <typename Launch>
-void launch_over(int64_t total, const Launch& launch) {
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
-  MASKED_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "boolean_mask: ", total, " units are too many for one launch");
-  if (total <= std::numeric_limits<uint32_t>::max()) {
-    launch(static_cast<unsigned>(blocks), uint32_t{});
-  } else {
-    launch(static_cast<unsigned>(blocks), uint64_t{});
-  }
-}
-
 // The mask (contiguous) in chunks of kChunk flags, a warp per chunk, and
 // the inclusive sum of the chunks' true flags: where each chunk's selection
 // ends, the last being the selected count n.
@@ -437,18 +424,13 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     const unsigned blocks_y = static_cast<unsigned>(
         std::min<int64_t>({view.outer, (kTargetBlocks + blocks_x - 1) / blocks_x, 65535}));
     const dim3 grid(blocks_x, blocks_y);
-    const auto launch = [&](auto index) {
+    with_index_type(block_units, [&](auto index) {
       using Index = decltype(index);
       gather_selected_rows<Unit, Index><<<grid, kThreads, 0, stream>>>(
           src_units, selected_rows.const_data_ptr<int64_t>(), dst_units, view.outer, view.rows,
           static_cast<Index>(units), block_units);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    if (block_units <= std::numeric_limits<uint32_t>::max()) {
-      launch(uint32_t{});
-    } else {
-      launch(uint64_t{});
-    }
+    });
   });
   return result;
 }
@@ -487,9 +469,12 @@ at::Tensor boolean_mask_backward_cuda(const at::Tensor& grad, const at::Tensor& 
     const at::Tensor flags = mask.contiguous();
     const auto* mask_data = static_cast<const uint8_t*>(flags.const_data_ptr());
     const at::Tensor counts = inclusive_counts(mask_data, view.rows, packed_grad.options(), stream);
-    launch_over(total, [&](unsigned blocks, auto index) {
+    const int64_t blocks = (total + kThreads - 1) / kThreads;
+    MASKED_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "boolean_mask_backward: ", total,
+                 " units are too many for one launch");
+    with_index_type(total, [&](auto index) {
       using Index = decltype(index);
-      expand_selected_slices<Unit, Index><<<blocks, kThreads, 0, stream>>>(
+      expand_selected_slices<Unit, Index><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
           static_cast<const Unit*>(src), mask_data, counts.const_data_ptr<int64_t>(),
           static_cast<Unit*>(result.data_ptr()), static_cast<Index>(view.rows), static_cast<Index>(units),
           grad_rows, total);

@@ -18,7 +18,6 @@
 #include <cub/cub.cuh>
 
 #include <algorithm>
-#include <limits>
 
 namespace torch_masked {
 namespace cuda {
@@ -173,17 +172,12 @@ int64_t read_total(const at::Tensor& starts, cudaStream_t stream) {
 template <typename T>
 void write_rows(const at::Tensor& input, NonzeroBits<T> nonzero, const at::Tensor& starts, const IndexColumns& out,
                 cudaStream_t stream) {
-  const auto launch = [&](auto index) {
+  with_index_type(input.numel(), [&](auto index) {
     write_tiles_kernel<T, decltype(index)><<<num_tiles(input), kThreads, 0, stream>>>(
         static_cast<const T*>(input.const_data_ptr()), input.numel(), nonzero, is_vector_aligned(input),
         starts.const_data_ptr<int64_t>(), out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  if (input.numel() <= std::numeric_limits<uint32_t>::max()) {
-    launch(uint32_t{});
-  } else {
-    launch(uint64_t{});
-  }
+  });
 }
 
 // Index columns over `input`'s shape (a 0-d input counts as 1-D of one element).
