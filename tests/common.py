@@ -1,5 +1,4 @@
 """Shared parameters and helpers for the op tests."""
-import warnings
 
 import pytest
 import torch
@@ -45,9 +44,7 @@ def assert_forward_ad_refused(fn, primal):
     clear error, rather than returning a result without a tangent."""
     import torch.autograd.forward_ad as fwAD
 
-    # Forward AD scripts a helper on first use, and torch.jit.script warns.
-    with warnings.catch_warnings(), fwAD.dual_level():
-        warnings.simplefilter("ignore", FutureWarning)
+    with fwAD.dual_level():
         dual = fwAD.make_dual(primal, torch.ones_like(primal))
         with pytest.raises(RuntimeError, match="jvp is not implemented"):
             fn(dual)

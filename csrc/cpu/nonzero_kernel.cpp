@@ -9,6 +9,8 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <vector>
+
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -122,7 +124,7 @@ template <typename T>
 void write_chunk(const T* data, at::IntArrayRef sizes, int64_t begin, int64_t end,
                  NonzeroBits<T> nonzero, const IndexOutput& out, int64_t k, int64_t kend) {
   const int64_t dims = static_cast<int64_t>(sizes.size());
-  c10::SmallVector<int64_t, 8> coord(dims);
+  std::vector<int64_t> coord(dims);
   for (int64_t j = dims - 1, rest = begin; j >= 0; --j) {
     coord[j] = rest % sizes[j];
     rest /= sizes[j];
