@@ -181,6 +181,28 @@ def test_cpu_negative_zero_updates_sum_to_positive_zero(width):
         assert out.signbit().all()  # -0.0 + -0.0 + -0.0 and untouched -0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_half_slices_round_like_sums_into_zeros(dtype):
+    """Half and bfloat16 slices: a slot that receives one row gets that row
+    summed into zero and rounded, bit for bit as index_put_ gives it (-0.0
+    becomes +0.0), NaN where it gives NaN (the payload bits of a NaN are not
+    promised: torch's own conversions differ in them by CPU)."""
+    nan_with_payload = 0x7F81 if dtype == torch.bfloat16 else 0x7C01
+    bits = [0x8000, nan_with_payload, nan_with_payload | 0x8000, 0x0001, 0x3C00]
+    special = torch.tensor(bits, dtype=torch.int32).to(torch.int16)  # wraps to the 16-bit patterns
+    rows = torch.randn(6, 5, generator=torch.Generator().manual_seed(7)).to(dtype)
+    rows[2] = special.view(dtype)  # a slot's only row
+    rows[3, 0] = -0.0
+    rows[4] = special.flip(0).view(dtype)  # summed with row 5 into one slot
+    indices = torch.tensor([[0], [2], [3], [5], [6], [6]])  # slots 1 and 4 get nothing
+    expected = torch.zeros(7, 5, dtype=dtype).index_put_((indices[:, 0],), rows, accumulate=True)
+    out = torch_masked.scatter_nd(indices, rows, [7, 5])
+    nan = expected.isnan()
+    assert torch.equal(out.isnan(), nan) and nan[3].sum() == 2 and nan[6].sum() == 2
+    assert torch.equal(out[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+    assert not out[3, 0].signbit() and not out[5, 0].signbit()  # each a -0.0 that was a slot's one row
+
+
 @contextlib.contextmanager
 def deterministic_algorithms():
     before = torch.are_deterministic_algorithms_enabled()

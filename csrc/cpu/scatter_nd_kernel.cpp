@@ -151,6 +151,27 @@ int64_t scatter_elements(const Block& block, const NdIndexGeometry& g, const ind
   return first_bad;
 }
 
+// A half or bfloat16 row into zeros, summed in float and rounded back, is
+// the row itself, bit for bit, unless it holds a -0.0 (0 + -0.0 is +0.0) or
+// a NaN (whose bits the rounding may rewrite). Copies the row when it holds
+// neither and says whether it did.
+template <typename scalar_t>
+bool copy_row_unchanged_by_rounding(const scalar_t* src, scalar_t* dst, int64_t columns) {
+  static_assert(std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>);
+  constexpr uint16_t kMinusZero = 0x8000;
+  constexpr uint16_t kInfinity = std::is_same_v<scalar_t, at::BFloat16> ? 0x7f80 : 0x7c00;
+  // Bitwise, not short-circuit, so that the loop vectorises.
+  uint16_t changed = 0;
+  for (int64_t c = 0; c < columns; ++c) {
+    const uint16_t bits = src[c].x;
+    changed |= static_cast<uint16_t>(bits == kMinusZero) | static_cast<uint16_t>((bits & 0x7fff) > kInfinity);
+  }
+  if (changed == 0) {
+    std::memcpy(dst, src, columns * sizeof(scalar_t));
+  }
+  return changed == 0;
+}
+
 // Slice updates: the block's rows are counting-sorted by slot (stably, so
 // each slot keeps its rows in index order). Then the block's output is
 // written once, slot after slot: a slot without rows is copied from `base`
@@ -168,12 +189,14 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
   const int64_t columns = block.column_end - block.column_begin;
   const int64_t slots = block.slot_end - block.slot_begin;
 
-  // Slot of every row (relative to the block), then the rows of each slot in
-  // index order. Rows outside the block go to one more slot, after the
-  // block's: a branch on "is it mine?" would be a coin flip. Both lists are
+  // The rows whose slot lies in the block, in index order, with their slots
+  // relative to the block, listed without a branch ("is it mine?" is a coin
+  // flip). Then the rows of each slot, in index order. The lists are
   // written whole, so left uninitialized.
-  const std::unique_ptr<int64_t[]> row_slot(new int64_t[g.num_rows]);
-  std::vector<int64_t> slot_start(slots + 2, 0);
+  const std::unique_ptr<int64_t[]> listed(new int64_t[2 * g.num_rows]);
+  int64_t* listed_rows = listed.get();
+  int64_t* listed_slots = listed_rows + g.num_rows;
+  int64_t rows_in_block = 0;
   int64_t first_bad = -1;
   for (int64_t n = 0; n < g.num_rows; ++n) {
     const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
@@ -185,22 +208,26 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
     }
     // A row out of bounds (-1) lands below the block: outside it too.
     const int64_t relative = slot - block.slot_begin;
-    row_slot[n] = static_cast<uint64_t>(relative) < static_cast<uint64_t>(slots) ? relative : slots;
-    ++slot_start[row_slot[n] + 1];
+    listed_rows[rows_in_block] = n;
+    listed_slots[rows_in_block] = relative;
+    rows_in_block += static_cast<uint64_t>(relative) < static_cast<uint64_t>(slots);
   }
-  for (int64_t s = 0; s <= slots; ++s) {
+  std::vector<int64_t> slot_start(slots + 1, 0);
+  for (int64_t i = 0; i < rows_in_block; ++i) {
+    ++slot_start[listed_slots[i] + 1];
+  }
+  for (int64_t s = 0; s < slots; ++s) {
     slot_start[s + 1] += slot_start[s];
   }
-  const std::unique_ptr<int64_t[]> sorted_rows(new int64_t[g.num_rows]);
+  const std::unique_ptr<int64_t[]> sorted_rows(new int64_t[rows_in_block]);
   {
     std::vector<int64_t> next(slot_start.begin(), slot_start.end() - 1);
-    for (int64_t n = 0; n < g.num_rows; ++n) {
-      sorted_rows[next[row_slot[n]]++] = n;
+    for (int64_t i = 0; i < rows_in_block; ++i) {
+      sorted_rows[next[listed_slots[i]]++] = listed_rows[i];
     }
   }
 
   const int64_t row_bytes = columns * static_cast<int64_t>(sizeof(scalar_t));
-  const int64_t rows_in_block = slot_start[slots];
   acc_t float_sum[kRounds ? kSumColumns : 1];
   for (int64_t s = 0; s < slots; ++s) {
     const int64_t offset = (block.slot_begin + s) * slice + block.column_begin;
@@ -222,6 +249,11 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
       prefetch_row(updates + sorted_rows[k + kPrefetchSlices] * slice + block.column_begin, row_bytes);
     }
     const auto row = [&](int64_t k) { return updates + sorted_rows[k] * slice + block.column_begin; };
+    if constexpr (kRounds) {
+      if (from == nullptr && last - first == 1 && copy_row_unchanged_by_rounding(row(first), dst, columns)) {
+        continue;
+      }
+    }
     for (int64_t c0 = 0; c0 < columns; c0 += kRounds ? kSumColumns : columns) {
       const int64_t width = std::min(columns - c0, kRounds ? kSumColumns : columns);
       acc_t* sum = float_sum;
