@@ -164,6 +164,54 @@ def test_cpu_sums_in_index_order_like_numpy_add_at(width):
         assert torch.equal(ours_bf16, torch.from_numpy(expected_bf16).bfloat16())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_half_elements_summed_by_ranges_round_once(dtype):
+    """Half/bfloat16 element updates few beside the output, or into more than
+    2**21 elements, are summed range by range (ranges of 2**15, the last one
+    short, the rows sorted into them in parts, one per thread): each
+    destination is its base (or zero) plus its updates in index order in
+    float32, rounded once, bitwise as np.add.at in float32 gives it; a bad
+    row is dropped, or reported by its own position."""
+    gen = torch.Generator().manual_seed(11)
+    cases = [([1_200_007], 140_000), ([1100, 1093], 140_000), ([2**21 + 5], 2**20)]
+    for shape, rows in cases:
+        k = len(shape)
+        indices = torch.stack([torch.randint(0, size, (rows,), generator=gen) for size in shape], dim=1)
+        updates = torch.randn(rows, generator=gen).to(dtype)
+        updates[:50] = -0.0  # a destination whose only update is -0.0 comes out +0.0
+        # Three updates of one destination, in three parts of the rows: in
+        # index order 2**-10 is lost in 2**15 and the sum is 0; in another
+        # order it may be 2**-10.
+        indices[[100_000, 120_000]] = indices[10].clone()
+        updates[[10, 100_000, 120_000]] = torch.tensor([2.0**-10, 2.0**15, -(2.0**15)]).to(dtype)
+        base = torch.randn(shape, generator=gen).to(dtype)
+        flat = np.ravel_multi_index(tuple(indices.t().numpy()), shape)
+        expected = np.zeros(int(np.prod(shape)), np.float32)
+        np.add.at(expected, flat, updates.float().numpy())
+        expected_with_base = base.float().numpy().ravel().copy()
+        np.add.at(expected_with_base, flat, updates.float().numpy())
+        bad_row = rows * 3 // 4  # in the second part of the rows when there are two
+        bad_indices = indices.clone()
+        bad_indices[bad_row, k - 1] = shape[-1]
+        kept = np.arange(rows) != bad_row
+        expected_dropped = np.zeros_like(expected)
+        np.add.at(expected_dropped, flat[kept], updates.float().numpy()[kept])
+        for threads in (1, 2, 4):
+            previous = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                out = torch_masked.scatter_nd(indices, updates, shape)
+                with_base = torch_masked.tensor_scatter_nd_add(base, indices, updates)
+                dropped = torch_masked.scatter_nd(bad_indices, updates, shape, check_bounds=False)
+                with pytest.raises(IndexError, match=rf"at indices\[{bad_row}\]"):
+                    torch_masked.scatter_nd(bad_indices, updates, shape)
+            finally:
+                torch.set_num_threads(previous)
+            assert torch.equal(out.view(torch.int16), torch.from_numpy(expected).to(dtype).view(shape).view(torch.int16))
+            assert torch.equal(with_base, torch.from_numpy(expected_with_base).to(dtype).view(shape))
+            assert torch.equal(dropped, torch.from_numpy(expected_dropped).to(dtype).view(shape))
+
+
 @pytest.mark.parametrize("width", [1, 3])
 def test_cpu_negative_zero_updates_sum_to_positive_zero(width):
     """As in a zeroed output that the updates are added to (index_put_'s

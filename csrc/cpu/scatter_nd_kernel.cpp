@@ -9,6 +9,9 @@
 // bits on every run and for every thread count, with no atomics. half and
 // bfloat16 accumulate in float and round once at the end. Slices are sorted
 // by slot first (see scatter_slices), so the output is written in one pass.
+// Half/bfloat16 element updates may instead be sorted by range of slots,
+// each range summed by one thread (see scatter_elements_by_range): the same
+// sums, in the same order.
 //
 // Gather: rows are split among threads; each row is one slice copy, its
 // source prefetched a few rows ahead.
@@ -151,6 +154,117 @@ int64_t scatter_elements(const Block& block, const NdIndexGeometry& g, const ind
   return first_bad;
 }
 
+// Half/bfloat16 element updates, when they are few beside the output, are
+// summed range by range: a float copy of the whole output (filled, then read
+// and rounded) would cost more than the additions themselves. The updates
+// are counting-sorted (stably) by range of kRangeSlots destinations, each
+// packed with its place in the range into 32 bits. Then each range sums its
+// updates in a float buffer that stays in cache and rounds only the
+// destinations they touched. The sums are the whole-output path's: each
+// destination starts from its base value (or zero) and adds its updates in
+// index order.
+constexpr int64_t kRangeBits = 15;
+constexpr int64_t kRangeSlots = int64_t{1} << kRangeBits;
+// Ranges are chosen when there are at least this many destinations per
+// update, or when the float copy would not fit in a cache (at more than this
+// many destinations). Measured here: at 1e6 bfloat16 destinations, ranges
+// win with 1e5 updates and lose with 2e5; at 4e6 and more they win with as
+// many updates as destinations (38 against 63 ms at 4e6, 111 against 170 ms
+// at 1e7).
+constexpr int64_t kRangeSumMinSlotsPerRow = 8;
+constexpr int64_t kRangeSumMinSlots = int64_t{1} << 21;
+
+// Each range of `out` starts as the base's (or zeros) just before its sums,
+// so that it is still in cache for them. Returns the first row out of bounds
+// (and, with stop_at_bad, writes nothing), or -1.
+template <bool kDepthOne, typename scalar_t, typename index_t>
+int64_t scatter_elements_by_range(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates,
+                                  const scalar_t* base, scalar_t* out, bool stop_at_bad) {
+  static_assert(std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>);
+  const int64_t depth = kDepthOne ? 1 : g.depth;
+  // Rows out of bounds (slot -1, unsigned the largest) go to one more range,
+  // sorted like the others but never summed.
+  const uint64_t ranges = (g.num_slots + kRangeSlots - 1) / kRangeSlots;
+  const auto range_of = [ranges](int64_t slot) { return std::min(static_cast<uint64_t>(slot) >> kRangeBits, ranges); };
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), g.num_rows / kSerialWork));
+  const auto for_each_part = [&](auto&& body) {
+    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t part = begin; part < end; ++part) {
+        body(part, g.num_rows * part / parts, g.num_rows * (part + 1) / parts);
+      }
+    });
+  };
+  // The rows of each part in each range; then where they go in the sorted updates.
+  std::vector<int64_t> counts(parts * (ranges + 1), 0);
+  // Each part counts and places in its own copy of its counters: in the
+  // shared array, one part's last counters and the next part's first could
+  // share a cache line that both cores would keep taking from each other.
+  for_each_part([&](int64_t part, int64_t row_begin, int64_t row_end) {
+    std::vector<int64_t> count(ranges + 1, 0);
+    for (int64_t n = row_begin; n < row_end; ++n) {
+      ++count[range_of(slot_of<kDepthOne>(g, indices + n * depth))];
+    }
+    std::copy(count.begin(), count.end(), counts.begin() + part * (ranges + 1));
+  });
+  int64_t first_bad = -1;
+  for (int64_t part = 0; part < parts && first_bad < 0; ++part) {
+    if (counts[part * (ranges + 1) + ranges] > 0) {
+      first_bad = g.num_rows * part / parts;
+      while (slot_of<kDepthOne>(g, indices + first_bad * depth) >= 0) {
+        ++first_bad;
+      }
+    }
+  }
+  if (first_bad >= 0 && stop_at_bad) {
+    return first_bad;
+  }
+  std::vector<int64_t> range_start(ranges + 1);
+  for (uint64_t r = 0, position = 0; r <= ranges; ++r) {
+    range_start[r] = position;
+    for (int64_t part = 0; part < parts; ++part) {
+      const int64_t rows = counts[part * (ranges + 1) + r];
+      counts[part * (ranges + 1) + r] = position;
+      position += rows;
+    }
+  }
+  // (place in range) << 16 | the update's bits.
+  const std::unique_ptr<uint32_t[]> sorted(new uint32_t[g.num_rows]);
+  for_each_part([&](int64_t part, int64_t row_begin, int64_t row_end) {
+    std::vector<int64_t> next(counts.begin() + part * (ranges + 1), counts.begin() + (part + 1) * (ranges + 1));
+    uint32_t* sorted_data = sorted.get();
+    for (int64_t n = row_begin; n < row_end; ++n) {
+      const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
+      sorted_data[next[range_of(slot)]++] = static_cast<uint32_t>(slot & (kRangeSlots - 1)) << 16 | updates[n].x;
+    }
+  });
+  at::parallel_for(0, static_cast<int64_t>(ranges), 1, [&](int64_t begin, int64_t end) {
+    // Only the entries the range's updates touch are read, each set before
+    // it is added to: the buffer needs no clearing.
+    const std::unique_ptr<float[]> sum(new float[kRangeSlots]);
+    for (int64_t r = begin; r < end; ++r) {
+      const uint32_t* first = sorted.get() + range_start[r];
+      const uint32_t* last = sorted.get() + range_start[r + 1];
+      scalar_t* range_out = out + (r << kRangeBits);
+      const int64_t range_slots = std::min(kRangeSlots, g.num_slots - (r << kRangeBits));
+      if (base != nullptr) {
+        std::memcpy(range_out, base + (r << kRangeBits), range_slots * sizeof(scalar_t));
+      } else {
+        std::fill(range_out, range_out + range_slots, scalar_t{});
+      }
+      for (const uint32_t* u = first; u != last; ++u) {
+        sum[*u >> 16] = static_cast<float>(range_out[*u >> 16]);
+      }
+      for (const uint32_t* u = first; u != last; ++u) {
+        sum[*u >> 16] += static_cast<float>(scalar_t(static_cast<uint16_t>(*u), scalar_t::from_bits()));
+      }
+      for (const uint32_t* u = first; u != last; ++u) {
+        range_out[*u >> 16] = static_cast<scalar_t>(sum[*u >> 16]);
+      }
+    }
+  });
+  return first_bad;
+}
+
 // A half or bfloat16 row into zeros, summed in float and rounded back, is
 // the row itself, bit for bit, unless it holds a -0.0 (0 + -0.0 is +0.0) or
 // a NaN (whose bits the rounding may rewrite). Copies the row when it holds
@@ -289,10 +403,12 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
 }
 
 // Slices: each block starts, sums and writes its own part of the output.
-// Elements: the blocks scatter into an accumulator (the output itself
-// unless it rounds) that ATen's copies start (from `tensor`, or zeros) and
-// round, vectorised and over every thread: there are fewer element blocks
-// than threads (see split_output).
+// Elements: half/bfloat16 updates few beside the output, or into a large one,
+// are summed by ranges (scatter_elements_by_range). Otherwise the blocks
+// scatter into an accumulator (the output itself unless it rounds) that
+// ATen's copies start (from `tensor`, or zeros) and round, vectorised and
+// over every thread: there are fewer element blocks than threads (see
+// split_output).
 at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
                             const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
   const std::vector<Block> blocks = split_output(g);
@@ -319,6 +435,17 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
           }
         });
         return;
+      }
+      if constexpr (kRounds) {
+        if (g.num_rows * kRangeSumMinSlotsPerRow <= g.num_slots || g.num_slots > kRangeSumMinSlots) {
+          const scalar_t* base_data = base.defined() ? base.const_data_ptr<scalar_t>() : nullptr;
+          scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
+          first_bad.front() = g.depth == 1 ? scatter_elements_by_range<true>(g, index_data, update_data, base_data,
+                                                                             out_data, check_bounds)
+                                           : scatter_elements_by_range<false>(g, index_data, update_data, base_data,
+                                                                              out_data, check_bounds);
+          return;
+        }
       }
       const at::Tensor acc =
           kRounds ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value)) : output;
