@@ -164,14 +164,14 @@ def test_cpu_sums_in_index_order_like_numpy_add_at(width):
         assert torch.equal(ours_bf16, torch.from_numpy(expected_bf16).bfloat16())
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cpu_half_elements_summed_by_ranges_round_once(dtype):
-    """Half/bfloat16 element updates few beside the output, or into more than
-    2**21 elements, are summed range by range (ranges of 2**15, the last one
-    short, the rows sorted into them in parts, one per thread): each
-    destination is its base (or zero) plus its updates in index order in
-    float32, rounded once, bitwise as np.add.at in float32 gives it; a bad
-    row is dropped, or reported by its own position."""
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cpu_elements_summed_by_ranges_as_in_index_order(dtype):
+    """Element updates into more than 2**21 elements, and half/bfloat16 ones
+    few beside the output, are summed range by range (ranges of 2**15, the
+    last one short, the rows sorted into them in parts, one per thread):
+    each destination is its base (or zero) plus its updates in index order
+    in float32, rounded once, bitwise as np.add.at in float32 gives it; a
+    bad row is dropped, or reported by its own position."""
     gen = torch.Generator().manual_seed(11)
     cases = [([1_200_007], 140_000), ([1100, 1093], 140_000), ([2**21 + 5], 2**20)]
     for shape, rows in cases:

@@ -9,8 +9,8 @@
 // bits on every run and for every thread count, with no atomics. half and
 // bfloat16 accumulate in float and round once at the end. Slices are sorted
 // by slot first (see scatter_slices), so the output is written in one pass.
-// Half/bfloat16 element updates may instead be sorted by range of slots,
-// each range summed by one thread (see scatter_elements_by_range): the same
+// Floating element updates may instead be sorted by range of slots, each
+// range summed by one thread (see scatter_elements_by_range): the same
 // sums, in the same order.
 //
 // Gather: rows are split among threads; each row is one slice copy, its
@@ -23,6 +23,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/bit_cast.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -154,33 +155,51 @@ int64_t scatter_elements(const Block& block, const NdIndexGeometry& g, const ind
   return first_bad;
 }
 
-// Half/bfloat16 element updates, when they are few beside the output, are
-// summed range by range: a float copy of the whole output (filled, then read
-// and rounded) would cost more than the additions themselves. The updates
-// are counting-sorted (stably) by range of kRangeSlots destinations, each
-// packed with its place in the range into 32 bits. Then each range sums its
-// updates in a float buffer that stays in cache and rounds only the
-// destinations they touched. The sums are the whole-output path's: each
-// destination starts from its base value (or zero) and adds its updates in
-// index order.
+// Element updates into a large output, and half/bfloat16 ones few beside
+// theirs, are summed range by range: random additions all over a large
+// output miss every cache, and for half/bfloat16 a float copy of the whole
+// output (filled, then read and rounded) would cost more than the additions
+// themselves. The updates are counting-sorted (stably) by range of
+// kRangeSlots destinations, each packed with its place in the range into 32
+// (half/bfloat16) or 64 bits. Then each range is started from the base (or
+// zeros) and takes its updates while it is in cache: float32 in place,
+// half/bfloat16 in a float buffer, rounding only the destinations touched.
+// The sums are the whole-output path's: each destination starts from its
+// base value (or zero) and adds its updates in index order.
 constexpr int64_t kRangeBits = 15;
 constexpr int64_t kRangeSlots = int64_t{1} << kRangeBits;
-// Ranges are chosen when there are at least this many destinations per
-// update, or when the float copy would not fit in a cache (at more than this
-// many destinations). Measured here: at 1e6 bfloat16 destinations, ranges
-// win with 1e5 updates and lose with 2e5; at 4e6 and more they win with as
-// many updates as destinations (38 against 63 ms at 4e6, 111 against 170 ms
-// at 1e7).
-constexpr int64_t kRangeSumMinSlotsPerRow = 8;
+// Ranges are chosen at more than kRangeSumMinSlots destinations, and for
+// half/bfloat16 also when there are at least kRangeSumMinSlotsPerRow
+// destinations per update. Measured here (two threads, against the
+// whole-output path): float32 with as many updates as destinations, ranges
+// lose at 1e6 (7.6 against 4.5 ms) and win at 4e6 (36 against 48 ms) and
+// 1e7 (117 against 143 ms), as bfloat16 does (38 against 63 ms at 4e6); at
+// 1e6 bfloat16 destinations, ranges win with 1e5 updates and lose with 2e5.
 constexpr int64_t kRangeSumMinSlots = int64_t{1} << 21;
+constexpr int64_t kRangeSumMinSlotsPerRow = 8;
+
+template <typename scalar_t>
+constexpr bool kRangeSummable =
+    std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>;
+
+template <typename scalar_t>
+bool sum_elements_by_range(const NdIndexGeometry& g) {
+  const bool rounds = !std::is_same_v<scalar_t, float>;
+  return g.num_slots > kRangeSumMinSlots || (rounds && g.num_rows * kRangeSumMinSlotsPerRow <= g.num_slots);
+}
 
 // Each range of `out` starts as the base's (or zeros) just before its sums,
 // so that it is still in cache for them. Returns the first row out of bounds
 // (and, with stop_at_bad, writes nothing), or -1.
-template <bool kDepthOne, typename scalar_t, typename index_t>
+template <bool kDepthOne, typename acc_t, typename scalar_t, typename index_t>
 int64_t scatter_elements_by_range(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates,
                                   const scalar_t* base, scalar_t* out, bool stop_at_bad) {
-  static_assert(std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>);
+  constexpr bool kRounds = !std::is_same_v<acc_t, scalar_t>;
+  // (place in range) above the update's bits.
+  using Entry = std::conditional_t<sizeof(scalar_t) == 2, uint32_t, uint64_t>;
+  using Bits = std::conditional_t<sizeof(scalar_t) == 2, uint16_t, uint32_t>;
+  static_assert(sizeof(scalar_t) == sizeof(Bits));
+  constexpr int kPlaceShift = 8 * sizeof(Bits);
   const int64_t depth = kDepthOne ? 1 : g.depth;
   // Rows out of bounds (slot -1, unsigned the largest) go to one more range,
   // sorted like the others but never summed.
@@ -227,23 +246,25 @@ int64_t scatter_elements_by_range(const NdIndexGeometry& g, const index_t* indic
       position += rows;
     }
   }
-  // (place in range) << 16 | the update's bits.
-  const std::unique_ptr<uint32_t[]> sorted(new uint32_t[g.num_rows]);
+  const std::unique_ptr<Entry[]> sorted(new Entry[g.num_rows]);
   for_each_part([&](int64_t part, int64_t row_begin, int64_t row_end) {
     std::vector<int64_t> next(counts.begin() + part * (ranges + 1), counts.begin() + (part + 1) * (ranges + 1));
-    uint32_t* sorted_data = sorted.get();
+    Entry* sorted_data = sorted.get();
     for (int64_t n = row_begin; n < row_end; ++n) {
       const int64_t slot = slot_of<kDepthOne>(g, indices + n * depth);
-      sorted_data[next[range_of(slot)]++] = static_cast<uint32_t>(slot & (kRangeSlots - 1)) << 16 | updates[n].x;
+      sorted_data[next[range_of(slot)]++] =
+          static_cast<Entry>(slot & (kRangeSlots - 1)) << kPlaceShift | c10::bit_cast<Bits>(updates[n]);
     }
   });
+  const auto place = [](Entry entry) { return static_cast<int64_t>(entry >> kPlaceShift); };
+  const auto value = [](Entry entry) { return static_cast<acc_t>(c10::bit_cast<scalar_t>(static_cast<Bits>(entry))); };
   at::parallel_for(0, static_cast<int64_t>(ranges), 1, [&](int64_t begin, int64_t end) {
-    // Only the entries the range's updates touch are read, each set before
-    // it is added to: the buffer needs no clearing.
-    const std::unique_ptr<float[]> sum(new float[kRangeSlots]);
+    // Half/bfloat16 sum in float. Only the entries the range's updates touch
+    // are read, each set before it is added to: the buffer needs no clearing.
+    const std::unique_ptr<acc_t[]> sum(kRounds ? new acc_t[kRangeSlots] : nullptr);
     for (int64_t r = begin; r < end; ++r) {
-      const uint32_t* first = sorted.get() + range_start[r];
-      const uint32_t* last = sorted.get() + range_start[r + 1];
+      const Entry* first = sorted.get() + range_start[r];
+      const Entry* last = sorted.get() + range_start[r + 1];
       scalar_t* range_out = out + (r << kRangeBits);
       const int64_t range_slots = std::min(kRangeSlots, g.num_slots - (r << kRangeBits));
       if (base != nullptr) {
@@ -251,14 +272,20 @@ int64_t scatter_elements_by_range(const NdIndexGeometry& g, const index_t* indic
       } else {
         std::fill(range_out, range_out + range_slots, scalar_t{});
       }
-      for (const uint32_t* u = first; u != last; ++u) {
-        sum[*u >> 16] = static_cast<float>(range_out[*u >> 16]);
-      }
-      for (const uint32_t* u = first; u != last; ++u) {
-        sum[*u >> 16] += static_cast<float>(scalar_t(static_cast<uint16_t>(*u), scalar_t::from_bits()));
-      }
-      for (const uint32_t* u = first; u != last; ++u) {
-        range_out[*u >> 16] = static_cast<scalar_t>(sum[*u >> 16]);
+      if constexpr (kRounds) {
+        for (const Entry* u = first; u != last; ++u) {
+          sum[place(*u)] = static_cast<acc_t>(range_out[place(*u)]);
+        }
+        for (const Entry* u = first; u != last; ++u) {
+          sum[place(*u)] += value(*u);
+        }
+        for (const Entry* u = first; u != last; ++u) {
+          range_out[place(*u)] = static_cast<scalar_t>(sum[place(*u)]);
+        }
+      } else {
+        for (const Entry* u = first; u != last; ++u) {
+          range_out[place(*u)] += value(*u);
+        }
       }
     }
   });
@@ -403,8 +430,9 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
 }
 
 // Slices: each block starts, sums and writes its own part of the output.
-// Elements: half/bfloat16 updates few beside the output, or into a large one,
-// are summed by ranges (scatter_elements_by_range). Otherwise the blocks
+// Elements: float32 updates into a large output, and half/bfloat16 ones into
+// a large output or few beside it, are summed by ranges
+// (scatter_elements_by_range). Otherwise the blocks
 // scatter into an accumulator (the output itself unless it rounds) that
 // ATen's copies start (from `tensor`, or zeros) and round, vectorised and
 // over every thread: there are fewer element blocks than threads (see
@@ -436,14 +464,14 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
         });
         return;
       }
-      if constexpr (kRounds) {
-        if (g.num_rows * kRangeSumMinSlotsPerRow <= g.num_slots || g.num_slots > kRangeSumMinSlots) {
+      if constexpr (kRangeSummable<scalar_t>) {
+        if (sum_elements_by_range<scalar_t>(g)) {
           const scalar_t* base_data = base.defined() ? base.const_data_ptr<scalar_t>() : nullptr;
           scalar_t* out_data = output.mutable_data_ptr<scalar_t>();
-          first_bad.front() = g.depth == 1 ? scatter_elements_by_range<true>(g, index_data, update_data, base_data,
-                                                                             out_data, check_bounds)
-                                           : scatter_elements_by_range<false>(g, index_data, update_data, base_data,
-                                                                              out_data, check_bounds);
+          first_bad.front() = g.depth == 1 ? scatter_elements_by_range<true, acc_t>(g, index_data, update_data,
+                                                                                    base_data, out_data, check_bounds)
+                                           : scatter_elements_by_range<false, acc_t>(g, index_data, update_data,
+                                                                                     base_data, out_data, check_bounds);
           return;
         }
       }
