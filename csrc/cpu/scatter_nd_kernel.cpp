@@ -432,11 +432,10 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
 // Slices: each block starts, sums and writes its own part of the output.
 // Elements: float32 updates into a large output, and half/bfloat16 ones into
 // a large output or few beside it, are summed by ranges
-// (scatter_elements_by_range). Otherwise the blocks
-// scatter into an accumulator (the output itself unless it rounds) that
-// ATen's copies start (from `tensor`, or zeros) and round, vectorised and
-// over every thread: there are fewer element blocks than threads (see
-// split_output).
+// (scatter_elements_by_range). Otherwise the blocks scatter into an
+// accumulator (the output itself unless it rounds) that ATen's copies start
+// (from `tensor`, or zeros) and round, vectorised and over every thread:
+// there are fewer element blocks than threads (see split_output).
 at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
                             const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
   const std::vector<Block> blocks = split_output(g);
