@@ -171,7 +171,8 @@ def test_cpu_elements_summed_by_ranges_as_in_index_order(dtype):
     last one short, the rows sorted into them in parts, one per thread):
     each destination is its base (or zero) plus its updates in index order
     in float32, rounded once, bitwise as np.add.at in float32 gives it; a
-    bad row is dropped, or reported by its own position."""
+    bad row is dropped, or reported by its own position. (float32 takes the
+    ranges only in the last case.)"""
     gen = torch.Generator().manual_seed(11)
     cases = [([1_200_007], 140_000), ([1100, 1093], 140_000), ([2**21 + 5], 2**20)]
     for shape, rows in cases:
@@ -179,11 +180,13 @@ def test_cpu_elements_summed_by_ranges_as_in_index_order(dtype):
         indices = torch.stack([torch.randint(0, size, (rows,), generator=gen) for size in shape], dim=1)
         updates = torch.randn(rows, generator=gen).to(dtype)
         updates[:50] = -0.0  # a destination whose only update is -0.0 comes out +0.0
-        # Three updates of one destination, in three parts of the rows: in
-        # index order 2**-10 is lost in 2**15 and the sum is 0; in another
-        # order it may be 2**-10.
-        indices[[100_000, 120_000]] = indices[10].clone()
-        updates[[10, 100_000, 120_000]] = torch.tensor([2.0**-10, 2.0**15, -(2.0**15)]).to(dtype)
+        # Three updates of one destination, the first in the first part of
+        # the rows, the others in later parts (at 2 and 4 threads): in index
+        # order 2**-10 is lost in 2**15 and the sum is 0; in another order it
+        # may be 2**-10.
+        trio = [10, rows * 5 // 8, rows * 7 // 8]
+        indices[trio[1:]] = indices[trio[0]].clone()
+        updates[trio] = torch.tensor([2.0**-10, 2.0**15, -(2.0**15)]).to(dtype)
         base = torch.randn(shape, generator=gen).to(dtype)
         flat = np.ravel_multi_index(tuple(indices.t().numpy()), shape)
         expected = np.zeros(int(np.prod(shape)), np.float32)
