@@ -79,6 +79,22 @@ def test_large_inputs_across_chunks(device, density, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float16])
+@pytest.mark.parametrize("skip", [1, 3])
+def test_contiguous_inputs_starting_off_the_vector_width(device, dtype, skip):
+    # A contiguous view one or three elements in: no load of it is aligned to
+    # 16 bytes, over many tiles of CUDA's kernels.
+    x = make_tensor((3 * 4096 + 5 + skip,), dtype, device, density=0.3)[skip:]
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    assert_matches_torch(x)
+    expected = torch.nonzero(x.cpu())
+    for size in [len(expected) // 2 + 3, len(expected) + 7]:  # ends mid-tile; padded
+        got = torch_masked.nonzero_static(x, size=size, fill_value=-2).cpu()
+        padded = torch.cat([expected, torch.full((size, 1), -2)])[:size]
+        torch.testing.assert_close(got, padded, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_thread_count_does_not_change_result(device, threads):
     x = make_tensor((300, 700), torch.float32, device, density=0.3)
@@ -155,8 +171,10 @@ def test_dtypes_without_a_zero_are_refused(device, dtype):
         torch_masked.nonzero(x)
     with pytest.raises(TypeError, match="nonzero_tuple: " + message):
         torch_masked.nonzero(x, as_tuple=True)
-    with pytest.raises(TypeError, match="nonzero_static: " + message):
-        torch_masked.nonzero_static(x, size=2)
+    # Also where no element needs reading: no rows asked for, or a 0-d input.
+    for static_input, size in [(x, 2), (x, 0), (x[0], 2)]:
+        with pytest.raises(TypeError, match="nonzero_static: " + message):
+            torch_masked.nonzero_static(static_input, size=size)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -257,6 +257,8 @@ std::vector<at::Tensor> nonzero_tuple_cuda(const at::Tensor& self) {
 
 at::Tensor nonzero_static_cuda(const at::Tensor& self, int64_t size, int64_t fill_value) {
   MASKED_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
+  // Here, not only in with_input: the early return below must refuse it too.
+  check_nonzero_dtype("nonzero_static", self.scalar_type());
   // Rows past the last non-zero element keep fill_value.
   const at::Tensor result = at::full({size, self.dim()}, fill_value, self.options().dtype(at::kLong));
   if (size == 0 || self.dim() == 0) {
