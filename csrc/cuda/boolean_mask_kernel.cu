@@ -25,6 +25,10 @@
 #include <algorithm>
 #include <limits>
 
+// Item counts reach CUB as int64_t; CUB before 2.7 took an int and would
+// cut counts past 2^31 short.
+static_assert(CUB_VERSION >= 200700, "CUB 2.7 or newer is needed (64-bit item counts)");
+
 namespace torch_masked {
 namespace cuda {
 namespace {
@@ -395,8 +399,7 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
   }
   const int64_t slice_bytes = view.inner * input.element_size();
   const void* src = input.const_data_ptr();
-  // Fresh outputs are aligned to far more than 16 bytes; only the input may not be.
-  const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {src});
+  const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {src, result.data_ptr()});
   const int64_t units = slice_bytes / unit_bytes;
   dispatch_by_element_size("boolean_mask", unit_bytes, [&](auto tag) {
     using Unit = decltype(tag);
@@ -449,7 +452,7 @@ at::Tensor boolean_mask_backward_cuda(const at::Tensor& grad, const at::Tensor& 
   }
   const int64_t slice_bytes = view.inner * packed_grad.element_size();
   const void* src = packed_grad.const_data_ptr();
-  const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {src});
+  const int64_t unit_bytes = widest_unit_bytes(slice_bytes, {src, result.data_ptr()});
   const int64_t units = slice_bytes / unit_bytes;
   const int64_t total = result.numel() * result.element_size() / unit_bytes;
   const int64_t grad_rows = packed_grad.size(view.axis);
