@@ -313,19 +313,52 @@ def test_deterministic_mode_special_values_as_in_index_order(device, dtype):
     assert torch.equal(out[finite].signbit(), expected[finite].signbit())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("size", [8, FIXED_POINT_MAX_ELEMENTS + 16], ids=["fixed_point", "sorted"])
+def test_deterministic_mode_extremes_as_in_index_order(device, dtype, size):
+    """Sums at the edges of the range, worked by hand in index order:
+    0: base +inf, then -max twice: +inf (a sum of the updates alone would
+       overflow to -inf and meet the base as NaN);
+    1: base -inf, then +max twice: -inf;
+    2: 2**20 updates of +max: +inf;
+    3: 2**20 updates alternating +max and -max: +0.0;
+    4: subnormals only, 3 and 5 times the smallest: 8 times it, exactly."""
+    info = torch.finfo(dtype)
+    tiny = float(torch.nextafter(torch.tensor(0.0, dtype=dtype), torch.tensor(1.0, dtype=dtype)))
+    big, many = info.max, 2**20
+    slots = [0, 0, 1, 1] + [2] * many + [3] * many + [4, 4]
+    values = [-big, -big, big, big] + [big] * many + [big, -big] * (many // 2) + [3 * tiny, 5 * tiny]
+    indices = torch.tensor(slots).unsqueeze(1)
+    updates = torch.tensor(values, dtype=dtype)
+    assert updates[-1] == 5 * tiny and updates[-1] > 0  # representable subnormals
+    base = torch.zeros(size, dtype=dtype)
+    base[0], base[1] = float("inf"), float("-inf")
+    with deterministic_algorithms():
+        out = torch_masked.tensor_scatter_nd_add(base.to(device), indices.to(device), updates.to(device))
+    expected = [float("inf"), float("-inf"), float("inf"), 0.0, 8 * tiny]
+    assert out[:5].cpu().tolist() == expected
+    assert not out[3].signbit()
+    assert not out[5:].any()
+
+
 @pytest.mark.cuda
 def test_cuda_fixed_point_sums_are_accurate():
     """100 000 positive float32 updates of magnitudes 2**-12 to 2**12 into four
-    destinations: the fixed-point sums are within float32's rounding of the
-    exact sums, where adding in any order in float32 strays further."""
+    destinations: the fixed-point sums, alone and onto a base, are within
+    float32's rounding of the exact sums, where adding in any order in float32
+    strays further."""
     gen = torch.Generator().manual_seed(5)
     rows = 100_000
     updates = torch.rand(rows, generator=gen) * torch.exp2(torch.randint(-12, 13, (rows,), generator=gen).float())
     indices = torch.randint(0, 4, (rows, 1), generator=gen)
     exact = torch.zeros(4, dtype=torch.float64).index_add_(0, indices[:, 0], updates.double())
+    base = torch.tensor([1e4, -1e4, 0.5, 3.0])
     with deterministic_algorithms():
         out = torch_masked.scatter_nd(indices.cuda(), updates.cuda(), [4]).cpu()
+        onto_base = torch_masked.tensor_scatter_nd_add(base.cuda(), indices.cuda(), updates.cuda()).cpu()
     torch.testing.assert_close(out.double(), exact, rtol=2**-23, atol=0)
+    torch.testing.assert_close(onto_base.double(), exact + base.double(), rtol=2**-23, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -427,8 +460,18 @@ def test_non_contiguous_inputs(device):
         assert_same(torch_masked.gather_nd(tensor, indices), reference_gather(tensor, indices))
 
 
+def algorithms(deterministic):
+    return deterministic_algorithms() if deterministic else contextlib.nullcontext()
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_out_of_bounds_is_an_index_error(device):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_out_of_bounds_is_an_index_error(device, deterministic):
+    with algorithms(deterministic):
+        check_out_of_bounds_errors(device)
+
+
+def check_out_of_bounds_errors(device):
     shape = [4, 3]
     updates = torch.ones(3, device=device)
     for bad, message in [
@@ -453,13 +496,15 @@ def test_out_of_bounds_is_an_index_error(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_check_bounds_false_drops_bad_rows(device):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_check_bounds_false_drops_bad_rows(device, deterministic):
     indices = torch.tensor([[1], [7], [-1], [2], [1]], device=device)
     updates = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], device=device)
-    assert torch_masked.scatter_nd(indices, updates, [3], check_bounds=False).tolist() == [0.0, 6.0, 4.0]
-    assert torch.ops.masked.tensor_scatter_nd_add(
-        torch.ones(3, device=device), indices, updates, check_bounds=False
-    ).tolist() == [1.0, 7.0, 5.0]
+    with algorithms(deterministic):
+        assert torch_masked.scatter_nd(indices, updates, [3], check_bounds=False).tolist() == [0.0, 6.0, 4.0]
+        assert torch.ops.masked.tensor_scatter_nd_add(
+            torch.ones(3, device=device), indices, updates, check_bounds=False
+        ).tolist() == [1.0, 7.0, 5.0]
     params = torch.tensor([10.0, 11.0, 12.0], device=device)
     assert torch_masked.gather_nd(params, indices, check_bounds=False).tolist() == [11.0, 0.0, 0.0, 12.0, 11.0]
 

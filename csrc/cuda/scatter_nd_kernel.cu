@@ -36,11 +36,16 @@
 #include <cub/cub.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math_constants.h>
 #include <torch/library.h>
 
 #include <cstring>
 #include <limits>
 #include <type_traits>
+
+// Item counts reach CUB as int64_t; CUB before 2.7 took an int and would
+// cut counts past 2^31 short.
+static_assert(CUB_VERSION >= 200700, "CUB 2.7 or newer is needed (64-bit item counts)");
 
 namespace torch_masked {
 namespace cuda {
@@ -278,7 +283,9 @@ struct SortedUpdate {
 };
 
 // One thread per (sorted position, column); the first position of each run
-// of equal slots sums the run in order.
+// of equal slots sums the run in order, starting from the output's value (the
+// base, or zero) as adding in index order does: a run summed apart could
+// overflow to -inf and meet a base of +inf as NaN.
 template <typename scalar_t, typename key_t, typename UpdateAt>
 __global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys,
                                    UpdateAt update_at, scalar_t* out) {
@@ -290,12 +297,12 @@ __global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, key_t num_sl
     if (key >= num_slots || (i > 0 && keys[i - 1] == key)) {
       continue;
     }
-    acc_t sum{};
+    scalar_t* dst = out + static_cast<int64_t>(key) * slice + column;
+    acc_t sum = static_cast<acc_t>(*dst);
     for (int64_t j = i; j < num_rows && keys[j] == key; ++j) {
       sum += static_cast<acc_t>(update_at(j, column));
     }
-    scalar_t* dst = out + static_cast<int64_t>(key) * slice + column;
-    *dst = static_cast<scalar_t>(static_cast<acc_t>(*dst) + sum);
+    *dst = static_cast<scalar_t>(sum);
   }
 }
 
@@ -433,8 +440,10 @@ struct AddInFixedPoint {
   }
 };
 
-// Adds each element's sum, back in floating point, to the output (which
-// holds the base, or zeros).
+// Adds each element's sum to the output (which holds the base, or zeros) in
+// double, and only then converts to the output's type. In float the sum alone
+// could overflow first: -6e38 would become -inf, and a base of +inf would
+// then give NaN where adding in index order gives +inf.
 template <typename scalar_t>
 __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned long long* sums, int fraction_bits,
                                           scalar_t* out, int64_t elements) {
@@ -443,19 +452,18 @@ __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned 
     if (code == 0) {
       continue;
     }
-    float sum;
+    double sum;
     if (code >= kPlusInfinity) {
       const bool both_infinities = (code & kPlusInfinity) != 0 && (code & kMinusInfinity) != 0;
-      sum = (code & kNotANumber) != 0 || both_infinities ? __int_as_float(0x7fc00000)
-            : (code & kPlusInfinity) != 0               ? __int_as_float(0x7f800000)
-                                                        : __int_as_float(static_cast<int>(0xff800000u));
+      sum = (code & kNotANumber) != 0 || both_infinities ? CUDART_NAN
+            : (code & kPlusInfinity) != 0               ? CUDART_INF
+                                                        : -CUDART_INF;
     } else if (code < kFirstScaledCode) {
-      sum = code == kMinusZero ? -0.0f : 0.0f;
+      sum = code == kMinusZero ? -0.0 : 0.0;
     } else {
-      sum = static_cast<float>(
-          scalbn(static_cast<double>(static_cast<long long>(sums[i])), scale_exponent(code) + 1 - fraction_bits));
+      sum = scalbn(static_cast<double>(static_cast<long long>(sums[i])), scale_exponent(code) + 1 - fraction_bits);
     }
-    out[i] = static_cast<scalar_t>(static_cast<float>(out[i]) + sum);
+    out[i] = static_cast<scalar_t>(static_cast<float>(static_cast<double>(static_cast<float>(out[i])) + sum));
   }
 }
 
