@@ -319,6 +319,22 @@ __global__ void gather_selected_rows(const Unit* __restrict__ src, const int64_t
   }
 }
 
+// The same copy with one thread per output unit, for outputs whose blocks
+// have fewer units than a tile of gather_selected_rows: there most of its
+// threads would idle (three selected columns of a [1e6, 37] tensor kept 3 of
+// each block's 256 threads busy, each looping over a thousand blocks).
+template <typename Unit, typename Index>
+__global__ void gather_selected_units(const Unit* __restrict__ src, const int64_t* __restrict__ selected_rows,
+                                      Unit* __restrict__ dst, Index selected, Index units, int64_t rows,
+                                      int64_t total) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const SlicePosition<Index> position(e, selected, units);
+    const int64_t row = static_cast<int64_t>(position.block) * rows + selected_rows[position.row];
+    dst[e] = src[row * static_cast<int64_t>(units) + position.unit];
+  }
+}
+
 // Blocks of kThreads for `items` work items: at least one, at most the grid
 // limit (the kernels loop over the rest).
 unsigned blocks_for(int64_t items) {
@@ -421,6 +437,17 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
                                                             PackRows{selected_rows.data_ptr<int64_t>()});
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t block_units = selected * units;
+    if (block_units < kThreads * kGatherItems) {
+      const int64_t total = view.outer * block_units;
+      with_index_type(total, [&](auto index) {
+        using Index = decltype(index);
+        gather_selected_units<Unit, Index><<<blocks_for(total), kThreads, 0, stream>>>(
+            src_units, selected_rows.const_data_ptr<int64_t>(), dst_units, static_cast<Index>(selected),
+            static_cast<Index>(units), view.rows, total);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+      return;
+    }
     const unsigned blocks_x = blocks_for((block_units + kGatherItems - 1) / kGatherItems);
     // Enough blocks to fill the GPU; more would re-read the row numbers.
     constexpr int64_t kTargetBlocks = 2048;
