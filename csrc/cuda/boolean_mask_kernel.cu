@@ -12,6 +12,7 @@
 // 64-bit.
 #include "boolean_mask.h"
 #include "common.h"
+#include "cuda/cub_call.cuh"
 
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -19,15 +20,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cub/cub.cuh>
 #include <thrust/iterator/transform_iterator.h>
 
 #include <algorithm>
 #include <limits>
-
-// Item counts reach CUB as int64_t; CUB before 2.7 took an int and would
-// cut counts past 2^31 short.
-static_assert(CUB_VERSION >= 200700, "CUB 2.7 or newer is needed (64-bit item counts)");
 
 namespace torch_masked {
 namespace cuda {
@@ -41,15 +37,6 @@ constexpr int kThreads = 256;
 struct TrueFlagCount {
   __host__ __device__ int64_t operator()(uint8_t flag) const { return flag != 0; }
 };
-
-// Runs a CUB device-wide call twice: to size its temporary storage, then for real.
-template <typename CubCall>
-void run_cub(const at::TensorOptions& options, const CubCall& call) {
-  size_t temp_bytes = 0;
-  C10_CUDA_CHECK(call(nullptr, temp_bytes));
-  const at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
-  C10_CUDA_CHECK(call(temp.data_ptr(), temp_bytes));
-}
 
 // counts[j] = number of true flags in mask[0..j].
 at::Tensor inclusive_counts(const uint8_t* mask, int64_t rows, const at::TensorOptions& options,

@@ -6,6 +6,7 @@
 // nonzero reads the total back to size its output (its one host sync);
 // nonzero_static knows its size and never synchronises.
 #include "common.h"
+#include "cuda/cub_call.cuh"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -14,8 +15,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
-
-#include <cub/cub.cuh>
 
 #include <algorithm>
 
@@ -151,13 +150,9 @@ at::Tensor tile_starts(const at::Tensor& input, NonzeroBits<T> nonzero, cudaStre
   count_tiles_kernel<<<tiles, kThreads, 0, stream>>>(static_cast<const T*>(input.const_data_ptr()), input.numel(),
                                                      nonzero, is_vector_aligned(input), counts_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const auto scan = [&](void* temp, size_t& bytes) {
+  run_cub(input.options(), [&](void* temp, size_t& bytes) {
     return cub::DeviceScan::InclusiveSum(temp, bytes, counts_data, starts_data, tiles + 1, stream);
-  };
-  size_t bytes = 0;
-  C10_CUDA_CHECK(scan(nullptr, bytes));
-  const at::Tensor temp = at::empty({static_cast<int64_t>(bytes)}, input.options().dtype(at::kByte));
-  C10_CUDA_CHECK(scan(temp.data_ptr(), bytes));
+  });
   return starts;
 }
 

@@ -23,6 +23,7 @@
 // are never written, so without check_bounds (no sync, safe in CUDA graphs)
 // they are simply dropped (gather writes zeros for them).
 #include "common.h"
+#include "cuda/cub_call.cuh"
 #include "scatter_nd_index.h"
 
 #include <ATen/Context.h>
@@ -33,7 +34,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cub/cub.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -42,10 +42,6 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
-
-// Item counts reach CUB as int64_t; CUB before 2.7 took an int and would
-// cut counts past 2^31 short.
-static_assert(CUB_VERSION >= 200700, "CUB 2.7 or newer is needed (64-bit item counts)");
 
 namespace torch_masked {
 namespace cuda {
