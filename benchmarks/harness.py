@@ -54,28 +54,47 @@ def time_one_call(fn, is_cuda):
     return time.perf_counter() - t0
 
 
-def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200, warmup=2):
-    """Median seconds of one call of each fn. The calls take turns, one of
-    each per round, so that a machine whose speed drifts (other tenants,
-    frequency changes) slows every side alike instead of whichever ran in
-    the slow moment; the round's first call rotates, so that no side always
-    follows the same one (and finds its inputs in cache, or evicted). Every
-    side allocates its outputs anew on every call, so page faults on fresh
-    memory are paid alike."""
-    is_cuda = torch.device(device).type == "cuda"
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    if is_cuda:
-        torch.cuda.synchronize()
+def _interleaved_rounds(fns, is_cuda, min_seconds, min_rounds, max_rounds):
+    """Seconds of each timed call of each fn, one turn of each per round, for
+    at least min_rounds rounds and min_seconds. A turn is two calls, only the
+    second timed."""
     samples = [[] for _ in fns]
-    start_all = time.perf_counter()
+    start = time.perf_counter()
     rounds = 0
-    while rounds < max_rounds and (rounds < 5 or time.perf_counter() - start_all < min_seconds):
+    while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < min_seconds):
         for k in range(len(fns)):
             side = (rounds + k) % len(fns)
+            fns[side]()
+            if is_cuda:
+                torch.cuda.synchronize()
             samples[side].append(time_one_call(fns[side], is_cuda))
         rounds += 1
+    return samples
+
+
+def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200):
+    """Median seconds of one call of each fn. The sides take turns, one turn
+    of each per round, so that a machine whose speed drifts (other tenants,
+    frequency changes) slows every side alike instead of whichever ran in
+    the slow moment; the round's first turn rotates. Each turn is an untimed
+    call, then the timed one, so that every timed call follows a call of its
+    own side: what another side left behind (glibc's heap trimmed after a
+    large free, so the next large output is faulted in afresh; caches
+    evicted) never lands on one side's timings more than another's. With
+    three sides, the rotation alone had one side follow NumPy in two rounds
+    of three and another in one. Every side allocates its outputs anew on
+    every call, so first-touch page faults are paid alike.
+
+    Untimed warm-up rounds come first: two on CUDA; on the CPU, 1.5 s of
+    them (at most max_rounds). On a virtual machine whose host takes back
+    the guest's free 2 MiB blocks (free page reporting), the first few
+    hundred megabytes of fresh huge-page memory that a process's large
+    outputs land on cost about ten times the usual first touch; the warm-up
+    lets that pass for every side before the timing (benchmarks/RESULTS.md
+    gives its size)."""
+    is_cuda = torch.device(device).type == "cuda"
+    _interleaved_rounds(fns, is_cuda, 0.0 if is_cuda else 1.5, 2, max_rounds)
+    samples = _interleaved_rounds(fns, is_cuda, min_seconds, 5, max_rounds)
     return [statistics.median(fn_samples) for fn_samples in samples]
 
 
