@@ -80,10 +80,10 @@ def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200):
     call, then the timed one, so that every timed call follows a call of its
     own side: what another side left behind (glibc's heap trimmed after a
     large free, so the next large output is faulted in afresh; caches
-    evicted) never lands on one side's timings more than another's. With
-    three sides, the rotation alone had one side follow NumPy in two rounds
-    of three and another in one. Every side allocates its outputs anew on
-    every call, so first-touch page faults are paid alike.
+    evicted) never lands on one side's timings more than another's (with
+    three sides, rotation alone would have one side follow NumPy in two
+    rounds of three and another in one). Every side allocates its outputs
+    anew on every call, so first-touch page faults are paid alike.
 
     Untimed warm-up rounds come first: two on CUDA; on the CPU, 1.5 s of
     them (at most max_rounds). On a virtual machine whose host takes back
