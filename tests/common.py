@@ -5,6 +5,14 @@ import torch
 
 # Every test that takes `device` runs on the CPU and, where there is a GPU, on CUDA.
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+# A device to put beside the CPU for the device-mismatch errors: the check comes
+# before any kernel runs, so meta tensors reach it on every machine.
+OTHER_DEVICES = ["meta", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def device_name(device):
+    """How the error messages print a device ("cuda" prints as "cuda:0")."""
+    return str(torch.empty(0, device=device).device)
 
 INTEGER_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 # Unsigned types torch.nonzero itself does not take; NumPy is their reference.

@@ -9,8 +9,10 @@ import torch_masked
 from tests.common import (
     ALL_DTYPES,
     DEVICES,
+    OTHER_DEVICES,
     WIDE_UNSIGNED_DTYPES,
     assert_forward_ad_refused,
+    device_name,
     make_tensor,
     non_contiguous,
 )
@@ -85,6 +87,9 @@ def test_reference_page_examples(device):
         torch.tensor([[1, 2], [3, 4], [5, 6]], device=device), np.array([True, False, True])
     )
     assert two_d.tolist() == [[1, 2], [5, 6]]
+    assert torch_masked.boolean_mask(
+        torch.tensor([[1, 2], [3, 4], [5, 6]], device=device), [False, True, True], axis=None
+    ).tolist() == [[3, 4], [5, 6]]
     # The front door takes array-likes and a 0-d integer tensor as the axis.
     assert torch_masked.boolean_mask([[1, 2], [3, 4]], [False, True], axis=torch.tensor(1)).tolist() == [[2], [4]]
 
@@ -275,11 +280,12 @@ def test_backward_checks_the_selected_count(device):
         backward_op(torch.zeros(3, 4, device=device), mask, [3, 4], 0)
 
 
-@pytest.mark.cuda
-def test_devices_differ():
-    tensor = torch.zeros(3, 4, device="cuda")
+@pytest.mark.parametrize("other", OTHER_DEVICES)
+def test_devices_differ(other):
+    tensor = torch.zeros(3, 4, device=other)
     mask = torch.ones(3, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match=r"boolean_mask: expected all tensors on one device, got tensor on cuda:0, mask on cpu"):
+    with pytest.raises(RuntimeError, match=rf"boolean_mask: expected all tensors on one device, "
+                                           rf"got tensor on {device_name(other)}, mask on cpu"):
         boolean_mask_op(tensor, mask)
     with pytest.raises(RuntimeError, match=r"boolean_mask_backward: expected all tensors on one device"):
         backward_op(tensor, mask, [3, 4], 0)

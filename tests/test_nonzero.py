@@ -4,7 +4,15 @@ import torch
 from torch.library import opcheck
 
 import torch_masked
-from common import ALL_DTYPES, DEVICES, WIDE_UNSIGNED_DTYPES, make_tensor, non_contiguous
+from tests.common import (
+    ALL_DTYPES,
+    DEVICES,
+    OTHER_DEVICES,
+    WIDE_UNSIGNED_DTYPES,
+    device_name,
+    make_tensor,
+    non_contiguous,
+)
 
 SHAPES = [(), (0,), (1,), (7,), (3, 0, 2), (5, 6), (2, 3, 4), (2, 1, 3, 2), (2, 3, 1, 2, 3)]
 
@@ -216,10 +224,11 @@ def test_out_errors(device):
         torch_masked.nonzero(x, as_tuple=True, out=torch.empty(0, dtype=torch.long, device=device))
 
 
-@pytest.mark.cuda
-def test_out_on_another_device():
-    with pytest.raises(RuntimeError, match=r"nonzero: expected all tensors on one device, got input on cuda:0, out on cpu"):
-        torch_masked.nonzero(torch.ones(3, device="cuda"), out=torch.empty(0, dtype=torch.long))
+@pytest.mark.parametrize("other", OTHER_DEVICES)
+def test_out_on_another_device(other):
+    with pytest.raises(RuntimeError, match=rf"nonzero: expected all tensors on one device, "
+                                           rf"got input on cpu, out on {device_name(other)}"):
+        torch_masked.nonzero(torch.ones(3), out=torch.empty(0, dtype=torch.long, device=other))
 
 
 # --- nonzero_static ---------------------------------------------------------------------------
@@ -289,7 +298,8 @@ def gather_non_zero(x):
     index = torch_masked.nonzero(x)
     rows = torch_masked.nonzero(x, as_tuple=True)
     static = torch_masked.nonzero_static(x, size=4)
-    return x[rows] * 2, index.sum(0), static
+    positive = torch_masked.where(x > 0)  # tf.where's index form, a composite of nonzero
+    return x[rows] * 2, index.sum(0), static, positive.sum(0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

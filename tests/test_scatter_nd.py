@@ -9,7 +9,14 @@ import pytest
 import torch
 
 import torch_masked
-from tests.common import ALL_DTYPES, DEVICES, assert_forward_ad_refused, non_contiguous
+from tests.common import (
+    ALL_DTYPES,
+    DEVICES,
+    OTHER_DEVICES,
+    assert_forward_ad_refused,
+    device_name,
+    non_contiguous,
+)
 
 INDEX_DTYPES = [torch.int32, torch.int64]
 # (shape, K) for every K from 0 to the rank of each shape.
@@ -538,16 +545,19 @@ def test_shape_and_dtype_errors(device):
         torch_masked.scatter_nd(idx, upd.to(torch.uint16), [3])
 
 
-@pytest.mark.cuda
-def test_devices_must_match():
+@pytest.mark.parametrize("other", OTHER_DEVICES)
+def test_devices_must_match(other):
     idx = torch.tensor([[0]])
-    with pytest.raises(RuntimeError, match=r"scatter_nd: expected all tensors on one device, got indices on cpu, "
-                                           r"updates on cuda:0"):
-        torch.ops.masked.scatter_nd(idx, torch.ones(1, device="cuda"), [2])
-    with pytest.raises(RuntimeError, match=r"gather_nd: expected all tensors on one device"):
-        torch.ops.masked.gather_nd(torch.ones(2, device="cuda"), idx)
-    with pytest.raises(RuntimeError, match=r"tensor_scatter_nd_add: expected all tensors on one device"):
-        torch.ops.masked.tensor_scatter_nd_add(torch.ones(2), idx.cuda(), torch.ones(1))
+    name = device_name(other)
+    with pytest.raises(RuntimeError, match=rf"scatter_nd: expected all tensors on one device, got indices on cpu, "
+                                           rf"updates on {name}"):
+        torch.ops.masked.scatter_nd(idx, torch.ones(1, device=other), [2])
+    with pytest.raises(RuntimeError, match=rf"gather_nd: expected all tensors on one device, got params on {name}, "
+                                           rf"indices on cpu"):
+        torch.ops.masked.gather_nd(torch.ones(2, device=other), idx)
+    with pytest.raises(RuntimeError, match=rf"tensor_scatter_nd_add: expected all tensors on one device, "
+                                           rf"got tensor on cpu, indices on {name}, updates on cpu"):
+        torch.ops.masked.tensor_scatter_nd_add(torch.ones(2), idx.to(other), torch.ones(1))
 
 
 @pytest.mark.cuda

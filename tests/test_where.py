@@ -8,7 +8,15 @@ from torch._dynamo.utils import counters
 from torch._library import simple_registry
 
 import torch_masked
-from tests.common import ALL_DTYPES, DEVICES, assert_forward_ad_refused, make_tensor, non_contiguous
+from tests.common import (
+    ALL_DTYPES,
+    DEVICES,
+    OTHER_DEVICES,
+    assert_forward_ad_refused,
+    device_name,
+    make_tensor,
+    non_contiguous,
+)
 
 # where(condition) is a composite of masked::nonzero: its fake-tensor checks
 # need nonzero's fake kernel.
@@ -258,6 +266,29 @@ def test_select_scalars_and_promotion(device):
     assert_same(torch_masked.select(condition, x, y), torch.tensor([[1.0, 2.0], [0.5, 0.5]], dtype=torch.float64, device=device))
 
 
+def test_select_nested_lists():
+    # As in TensorFlow's examples: lists become tensors (integers int64).
+    assert_same(torch_masked.select([True, False], [[1, 2], [3, 4]], [[5, 6], [7, 8]]),
+                torch.tensor([[1, 2], [7, 8]]))
+    assert_same(torch_masked.select([[True, False], [False, True]], [[1.5, 2.5], [3.5, 4.5]], [[5, 6], [7, 8]]),
+                torch.tensor([[1.5, 6.0], [7.0, 4.5]]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_condition_bytes_other_than_one_are_true(device):
+    # A bool tensor viewed from other bytes: any non-zero byte is true, as in
+    # boolean_mask and nonzero. Contiguous (the vector path), broadcast and rows.
+    values = torch.tensor([0, 1, 2, 0x80, 0xFF], dtype=torch.uint8)
+    condition_bytes = values[torch.randint(0, len(values), (300, 7), generator=gen(3))]
+    condition = condition_bytes.to(device).view(torch.bool)
+    canonical = (condition_bytes != 0).to(device)
+    x = torch.randn(300, 7, generator=gen(1)).to(device)
+    y = torch.randn(300, 7, generator=gen(2)).to(device)
+    assert_same(torch_masked.where(condition, x, y), torch.where(canonical, x, y))
+    assert_same(torch_masked.where(condition[:, :1], x, y[0]), torch.where(canonical[:, :1], x, y[0]))
+    assert_same(torch_masked.select(condition[:, 0], x, y), torch.where(canonical[:, :1], x, y))
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -293,14 +324,16 @@ def test_errors(device):
         torch_masked.select(torch.ones(1, dtype=torch.bool, device=device), torch.tensor(1.0), torch.tensor(2.0))
 
 
-@pytest.mark.cuda
-def test_errors_across_devices():
+@pytest.mark.parametrize("other", OTHER_DEVICES)
+def test_errors_across_devices(other):
     c = torch.tensor([True, False])
-    x = torch.ones(2, device="cuda")
-    with pytest.raises(RuntimeError, match=r"where: expected all tensors on one device, got condition on cpu, "
-                                           r"x on cuda:0, y on cuda:0"):
+    x = torch.ones(2, device=other)
+    name = device_name(other)
+    with pytest.raises(RuntimeError, match=rf"where: expected all tensors on one device, got condition on cpu, "
+                                           rf"x on {name}, y on {name}"):
         torch_masked.where(c, x, x)
-    with pytest.raises(RuntimeError, match=r"select: expected all tensors on one device"):
+    with pytest.raises(RuntimeError, match=rf"select: expected all tensors on one device, got condition on cpu, "
+                                           rf"x on {name}, y on {name}"):
         torch_masked.select(c, x, x)
 
 
