@@ -5,8 +5,9 @@ import torch
 
 # Every test that takes `device` runs on the CPU and, where there is a GPU, on CUDA.
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-# A device to put beside the CPU for the device-mismatch errors: the check comes
-# before any kernel runs, so meta tensors reach it on every machine.
+# A device to put beside the CPU for the device-mismatch errors: every kernel,
+# fake ones included, checks devices before touching data, so meta tensors
+# reach the check on every machine.
 OTHER_DEVICES = ["meta", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
