@@ -10,11 +10,6 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 # reach the check on every machine.
 OTHER_DEVICES = ["meta", pytest.param("cuda", marks=pytest.mark.cuda)]
 
-
-def device_name(device):
-    """How the error messages print a device ("cuda" prints as "cuda:0")."""
-    return str(torch.empty(0, device=device).device)
-
 INTEGER_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 # Unsigned types torch.nonzero itself does not take; NumPy is their reference.
 WIDE_UNSIGNED_DTYPES = [torch.uint16, torch.uint32, torch.uint64]
@@ -22,6 +17,11 @@ FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 COMPLEX_DTYPES = [torch.complex64, torch.complex128]
 # The SPEC's dtypes: bool, the integer types, half, bfloat16, float, double, complex.
 ALL_DTYPES = [torch.bool] + INTEGER_DTYPES + FLOAT_DTYPES + COMPLEX_DTYPES
+
+
+def device_name(device):
+    """How the error messages print a device ("cuda" prints as "cuda:0")."""
+    return str(torch.empty(0, device=device).device)
 
 
 def make_tensor(shape, dtype, device, density=0.5, generator=None):
