@@ -7,26 +7,32 @@ import torch_masked
 from harness import Case
 
 
+# y_shape SCALAR: y is the Python number 0.0.
+SCALAR = None
+
+
 def _inputs(cond_shape, x_shape, y_shape, device):
     gen = torch.Generator().manual_seed(0)
     condition = (torch.rand(cond_shape, generator=gen) < 0.5).to(device)
     x = torch.randn(x_shape, generator=gen).to(device)
-    y = torch.randn(y_shape, generator=gen).to(device)
+    y = 0.0 if y_shape is SCALAR else torch.randn(y_shape, generator=gen).to(device)
     return condition, x, y
 
 
 def _numpy(condition, x, y, device):
     if device != "cpu":
         return None
-    cn, xn, yn = condition.numpy(), x.numpy(), y.numpy()
+    cn, xn = condition.numpy(), x.numpy()
+    yn = y.numpy() if isinstance(y, torch.Tensor) else y
     return lambda: np.where(cn, xn, yn)
 
 
 def _where_case(name, cond_shape, x_shape, y_shape, device):
     condition, x, y = _inputs(cond_shape, x_shape, y_shape, device)
-    out_numel = torch.broadcast_shapes(cond_shape, x_shape, y_shape).numel()
+    y_numel = y.numel() if isinstance(y, torch.Tensor) else 0
+    out_numel = torch.broadcast_shapes(cond_shape, x_shape, () if y_shape is SCALAR else y_shape).numel()
     # Every input read once, the output written once (float32).
-    moved = condition.numel() + 4 * (x.numel() + y.numel() + out_numel)
+    moved = condition.numel() + 4 * (x.numel() + y_numel + out_numel)
     return Case(
         "where",
         name,
@@ -73,10 +79,15 @@ def cases(device, quick):
     sizes = [1000] if quick else [10**6, 10**7] + ([10**8] if device == "cuda" else [])
     for n in sizes:
         yield _where_case(f"same shape {n:.0e} f32", (n,), (n,), (n,), device)
+    for n in sizes:
+        yield _where_case(f"c [{n}] x [{n}] y 0.0 f32", (n,), (n,), SCALAR, device)
     cols = 100 if quick else 1000
     for n in sizes:
         rows = n // cols
         yield _where_case(f"c [{rows},1] x [{rows},{cols}] y [{cols}] f32", (rows, 1), (rows, cols), (cols,), device)
+    for n in sizes:
+        rows = n // cols
+        yield _where_case(f"c [1,{cols}] x,y [{rows},{cols}] f32", (1, cols), (rows, cols), (rows, cols), device)
     for n in sizes:
         yield _select_rows_case(n // cols, cols, device)
     if device == "cuda":

@@ -38,21 +38,29 @@ struct SelectGeometry {
   int64_t sizes[kMaxSelectDims];
   int64_t strides[kNumSelectOperands][kMaxSelectDims];
 
-  // Element offsets of every operand for flat output index `linear`, and,
-  // when asked, its coordinates along the merged axes.
-  C10_HOST_DEVICE void offsets_at(int64_t linear, int64_t offsets[kNumSelectOperands],
+  // Element offsets of every operand for flat output index `linear` (below
+  // the output's size), and, when asked, its coordinates along the merged
+  // axes. `Index` is the type to divide in: uint32_t where the output's size
+  // allows, 64-bit division being many times slower on a GPU. What is left
+  // for the outermost axis is its coordinate, with no division.
+  template <typename Index = int64_t>
+  C10_HOST_DEVICE void offsets_at(Index linear, int64_t offsets[kNumSelectOperands],
                                   int64_t* coords = nullptr) const {
     for (int op = 0; op < kNumSelectOperands; ++op) {
       offsets[op] = 0;
     }
     for (int d = 0; d < dims; ++d) {
-      const int64_t coord = linear % sizes[d];
-      linear /= sizes[d];
+      Index coord = linear;
+      if (d + 1 < dims) {
+        const Index size = static_cast<Index>(sizes[d]);
+        coord = linear % size;
+        linear /= size;
+      }
       for (int op = 0; op < kNumSelectOperands; ++op) {
-        offsets[op] += coord * strides[op][d];
+        offsets[op] += static_cast<int64_t>(coord) * strides[op][d];
       }
       if (coords != nullptr) {
-        coords[d] = coord;
+        coords[d] = static_cast<int64_t>(coord);
       }
     }
   }

@@ -80,6 +80,7 @@ BROADCASTS = [
     ((1,), (2, 1, 1, 3), (5, 1)),
     ((0,), (3, 1), (1,)),
     ((2, 0), (2, 1), ()),
+    ((1, 4), (3, 4), (3, 4)),  # a column condition
 ]
 
 
@@ -101,9 +102,12 @@ def test_where_broadcast_matches_torch(device, shapes):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_where_every_dtype(device, dtype):
-    # Same shape (the flat path) and broadcast (the strided paths), both
-    # long enough to be cut into several parallel chunks.
-    for c_shape, x_shape, y_shape in [((70001,), (70001,), (70001,)), ((301, 1), (301, 257), (257,))]:
+    # Same shape (the flat path, also with a single-element x or y) and
+    # broadcast (the strided paths), all long enough to be cut into several
+    # parallel chunks, with a tail past the last 16-byte vector.
+    n = 70001
+    for c_shape, x_shape, y_shape in [((n,), (n,), (n,)), ((n,), (n,), ()), ((n,), (), (n,)), ((n,), (), ()),
+                                      ((301, 1), (301, 257), (257,))]:
         condition = random_condition(c_shape, device)
         x = make_tensor(x_shape, dtype, device, generator=gen(1))
         y = make_tensor(y_shape, dtype, device, generator=gen(2))
@@ -113,7 +117,7 @@ def test_where_every_dtype(device, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "layout",
-    ["transposed", "sliced", "expanded", "misaligned"],
+    ["transposed", "sliced", "expanded", "misaligned", "misaligned_with_scalar"],
 )
 def test_where_strided_inputs(device, layout):
     condition = random_condition((64, 48), device)
@@ -125,8 +129,10 @@ def test_where_strided_inputs(device, layout):
         condition, x, y = condition[::2, 1::3], x[::2, 1::3], y[::2, 1::3]
     elif layout == "expanded":
         x = x[:1].expand(64, 48)
-    else:  # one element in: no vector alignment
+    elif layout == "misaligned":  # one element in: no vector alignment
         condition, x, y = condition.flatten()[1:], x.flatten()[1:], y.flatten()[1:]
+    else:
+        condition, x, y = condition.flatten()[1:], x.flatten()[1:], y[0, 0]
     assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
 
 

@@ -2,7 +2,8 @@
 // The tensor is viewed as [outer, rows, inner] (boolean_mask.h). Forward: a
 // count of the mask's true flags per chunk and a scan of those counts, one
 // host synchronisation to learn the selected count n (the output's size
-// depends on it), then a warp-level compaction of the mask that packs either
+// depends on it), then a warp-level compaction of the mask (read back as the
+// bit words the count wrote, an eighth of its bytes) that packs either
 // the data itself (one unit per row, one block) or the selected row numbers,
 // from which a coalesced copy gathers every block's slices. Backward: the
 // output shape is known, so no synchronisation: the same chunk counts and
@@ -75,8 +76,8 @@ struct SlicePosition {
 };
 
 // The forward compacts the mask in chunks of kChunk flags, one warp per
-// chunk: lane l holds the chunk's flags l, l + 32, ..., so every load and
-// every ballot covers 32 consecutive flags.
+// chunk: lane l takes the chunk's positions l, l + 32, ..., so every load
+// and every store of the warp covers 32 consecutive rows.
 constexpr int kWarp = 32;
 constexpr int kLaneFlags = 16;
 constexpr int64_t kChunk = kWarp * kLaneFlags;
@@ -115,33 +116,53 @@ __device__ uint4 lane_vector(const MaskByte* __restrict__ mask, int64_t chunk_st
   return reinterpret_cast<const uint4*>(mask + chunk_start)[threadIdx.x % kWarp];
 }
 
-// The number of non-zero bytes of a word: a byte's top bit is set after the
-// addition when its low seven bits are not all zero (no carry crosses bytes).
-__device__ int nonzero_bytes(uint32_t word) {
-  return __popc((((word & 0x7f7f7f7fu) + 0x7f7f7f7fu) | word) & 0x80808080u);
+// Bit b set where byte b of the word is non-zero: a byte's top bit is set
+// after the addition when its low seven bits are not all zero (no carry
+// crosses bytes), or-ed with the byte's own top bit.
+__device__ uint32_t nonzero_byte_bits(uint32_t word) {
+  const uint32_t top = (((word & 0x7f7f7f7fu) + 0x7f7f7f7fu) | word) & 0x80808080u;
+  return (top >> 7 & 1u) | (top >> 14 & 2u) | (top >> 21 & 4u) | (top >> 28 & 8u);
 }
 
-// counts[c] = number of true flags in chunk c.
+// counts[c] = number of true flags in chunk c, and the chunk's flags as
+// kLaneFlags bit words at words[kLaneFlags c]: bit l of word i is the flag of
+// the chunk's position 32 i + l (the ballot of lane l's i-th flag). The
+// compaction reads these 64 bytes instead of the chunk's 512 mask bytes.
 __global__ void count_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
-                             int64_t* __restrict__ counts) {
+                             int64_t* __restrict__ counts, uint32_t* __restrict__ words) {
+  const int lane = threadIdx.x % kWarp;
   for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
     const int64_t chunk_start = chunk * kChunk;
+    uint32_t* chunk_words = words + chunk * kLaneFlags;
     int count = 0;
     if (loads_whole_vectors(aligned, rows, chunk_start)) {
+      // Lane l holds positions 16 l .. 16 l + 15: word i is the bits of lanes 2 i and 2 i + 1.
       const uint4 v = lane_vector(mask, chunk_start);
-      count = nonzero_bytes(v.x) + nonzero_bytes(v.y) + nonzero_bytes(v.z) + nonzero_bytes(v.w);
+      const uint32_t own = nonzero_byte_bits(v.x) | nonzero_byte_bits(v.y) << 4 | nonzero_byte_bits(v.z) << 8 |
+                           nonzero_byte_bits(v.w) << 12;
+      const uint32_t next = __shfl_down_sync(0xffffffffu, own, 1);
+      if (lane % 2 == 0) {
+        chunk_words[lane / 2] = own | next << 16;
+      }
+      count = __popc(own);
     } else {
       bool flags[kLaneFlags];
       load_lane_flags(mask, rows, chunk_start, flags);
+      uint32_t own = 0;
 #pragma unroll
       for (int i = 0; i < kLaneFlags; ++i) {
-        count += flags[i];
+        const uint32_t ballot = __ballot_sync(0xffffffffu, flags[i]);
+        own = lane == i ? ballot : own;
+      }
+      if (lane < kLaneFlags) {
+        chunk_words[lane] = own;
+        count = __popc(own);
       }
     }
     for (int offset = kWarp / 2; offset > 0; offset /= 2) {
       count += __shfl_down_sync(0xffffffffu, count, offset);
     }
-    if (threadIdx.x % kWarp == 0) {
+    if (lane == 0) {
       counts[chunk] = count;
     }
   }
@@ -163,66 +184,57 @@ struct PackUnits {
   __device__ void store(int64_t place, const Unit& value) const { dst[place] = value; }
 };
 
-// The flags of the chunk starting at `chunk_start`, lane l holding the
-// chunk's flags l, l + 32, ... A whole vector-loaded chunk passes through the
-// warp's `stage` in shared memory to reach that layout.
-__device__ void chunk_flags(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunk_start,
-                            uint4 (&stage)[kWarp], bool (&flags)[kLaneFlags]) {
-  if (!loads_whole_vectors(aligned, rows, chunk_start)) {
-    load_lane_flags(mask, rows, chunk_start, flags);
-    return;
-  }
-  const int lane = threadIdx.x % kWarp;
-  stage[lane] = lane_vector(mask, chunk_start);
-  __syncwarp();
-  const MaskByte* staged_flags = reinterpret_cast<const MaskByte*>(stage);
+// Calls visit(chunk_start, words, place) for each of this warp's chunks,
+// with the chunk's bit words (every lane all of them) and `place`, where
+// the chunk's selection starts: chunk_ends[c - 1].
+template <typename Visit>
+__device__ void for_each_chunk(const uint32_t* __restrict__ words, int64_t chunks,
+                               const int64_t* __restrict__ chunk_ends, const Visit& visit) {
+  for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
+    // 64 bytes, 64-byte aligned: four 16-byte loads, the same for every lane.
+    const uint4* vectors = reinterpret_cast<const uint4*>(words + chunk * kLaneFlags);
+    uint32_t chunk_bits[kLaneFlags];
 #pragma unroll
-  for (int i = 0; i < kLaneFlags; ++i) {
-    flags[i] = staged_flags[i * kWarp + lane] != 0;
+    for (int q = 0; q < kLaneFlags / 4; ++q) {
+      const uint4 v = vectors[q];
+      chunk_bits[4 * q] = v.x;
+      chunk_bits[4 * q + 1] = v.y;
+      chunk_bits[4 * q + 2] = v.z;
+      chunk_bits[4 * q + 3] = v.w;
+    }
+    visit(chunk * kChunk, chunk_bits, chunk == 0 ? int64_t{0} : chunk_ends[chunk - 1]);
   }
-  __syncwarp();  // every lane has read before the next chunk is staged
 }
 
-// Calls visit(chunk_start, flags, place) for each of this warp's chunks,
-// `place` being where the chunk's selection starts: chunk_ends[c - 1].
-template <typename Visit>
-__device__ void for_each_chunk(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
-                               const int64_t* __restrict__ chunk_ends, const Visit& visit) {
-  __shared__ uint4 stages[kThreads / kWarp][kWarp];
-  for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
-    const int64_t chunk_start = chunk * kChunk;
-    bool flags[kLaneFlags];
-    chunk_flags(mask, rows, aligned, chunk_start, stages[threadIdx.x / kWarp], flags);
-    visit(chunk_start, flags, chunk == 0 ? int64_t{0} : chunk_ends[chunk - 1]);
-  }
+__device__ bool lane_flag(uint32_t word) {
+  return (word >> (threadIdx.x % kWarp) & 1u) != 0;
 }
 
 // Packs the true flags' rows (or data) in order: within a chunk a lane's
-// place is the number of true flags before it, counted by ballots. Only
-// selected rows are read.
+// place is the number of true flags before it in the chunk's bit words.
+// Only selected rows are read.
 template <typename Pack>
-__global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
+__global__ void compact_chunks(const uint32_t* __restrict__ words, int64_t chunks,
                                const int64_t* __restrict__ chunk_ends, Pack pack) {
   using Value = decltype(pack.fetch(0));
   const int lane = threadIdx.x % kWarp;
   const unsigned lower_lanes = (1u << lane) - 1;
-  for_each_chunk(mask, rows, aligned, chunks, chunk_ends,
-                 [&](int64_t chunk_start, const bool (&flags)[kLaneFlags], int64_t place) {
+  for_each_chunk(words, chunks, chunk_ends,
+                 [&](int64_t chunk_start, const uint32_t (&chunk_bits)[kLaneFlags], int64_t place) {
     // All loads first, so that a lane has them all in flight at once.
     Value values[kLaneFlags];
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
-      if (flags[i]) {
+      if (lane_flag(chunk_bits[i])) {
         values[i] = pack.fetch(chunk_start + lane + static_cast<int64_t>(i) * kWarp);
       }
     }
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
-      const unsigned ballot = __ballot_sync(0xffffffffu, flags[i]);
-      if (flags[i]) {
-        pack.store(place + __popc(ballot & lower_lanes), values[i]);
+      if (lane_flag(chunk_bits[i])) {
+        pack.store(place + __popc(chunk_bits[i] & lower_lanes), values[i]);
       }
-      place += __popc(ballot);
+      place += __popc(chunk_bits[i]);
     }
   });
 }
@@ -233,20 +245,19 @@ __global__ void compact_chunks(const MaskByte* __restrict__ mask, int64_t rows, 
 // elsewhere. A place past grad's rows (a grad that does not match the mask)
 // reads nothing and writes zero.
 template <typename Unit>
-__global__ void expand_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
+__global__ void expand_chunks(const uint32_t* __restrict__ words, int64_t rows, int64_t chunks,
                               const int64_t* __restrict__ chunk_ends, const Unit* __restrict__ grad,
                               int64_t grad_rows, Unit* __restrict__ dst) {
   const int lane = threadIdx.x % kWarp;
   const unsigned lower_lanes = (1u << lane) - 1;
-  for_each_chunk(mask, rows, aligned, chunks, chunk_ends,
-                 [&](int64_t chunk_start, const bool (&flags)[kLaneFlags], int64_t place) {
+  for_each_chunk(words, chunks, chunk_ends,
+                 [&](int64_t chunk_start, const uint32_t (&chunk_bits)[kLaneFlags], int64_t place) {
     Unit values[kLaneFlags];
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
-      const unsigned ballot = __ballot_sync(0xffffffffu, flags[i]);
-      const int64_t packed = place + __popc(ballot & lower_lanes);
-      values[i] = flags[i] && packed < grad_rows ? grad[packed] : Unit{};
-      place += __popc(ballot);
+      const int64_t packed = place + __popc(chunk_bits[i] & lower_lanes);
+      values[i] = lane_flag(chunk_bits[i]) && packed < grad_rows ? grad[packed] : Unit{};
+      place += __popc(chunk_bits[i]);
     }
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
@@ -351,28 +362,28 @@ __global__ void expand_selected_slices(const Unit* __restrict__ grad, const uint
   dst[e] = value;
 }
 
-// The mask (contiguous) in chunks of kChunk flags, a warp per chunk, and
-// the inclusive sum of the chunks' true flags: where each chunk's selection
-// ends, the last being the selected count n.
+// The mask (contiguous) in chunks of kChunk flags, a warp per chunk: each
+// chunk's bit words, and the inclusive sum of the chunks' true flags: where
+// each chunk's selection ends, the last being the selected count n.
 struct ChunkedMask {
-  at::Tensor flags;
-  const MaskByte* data;
   int64_t rows;
-  bool aligned;
   int64_t chunks;
   unsigned blocks;
+  at::Tensor words;
   at::Tensor ends;
 
   ChunkedMask(const at::Tensor& mask, int64_t rows, const at::TensorOptions& options, cudaStream_t stream)
-      : flags(mask.contiguous()),
-        data(static_cast<const MaskByte*>(flags.const_data_ptr())),
-        rows(rows),
-        aligned(reinterpret_cast<uintptr_t>(data) % sizeof(uint4) == 0),
+      : rows(rows),
         chunks((rows + kChunk - 1) / kChunk),
         blocks(blocks_for(chunks * kWarp)),
+        words(at::empty({chunks * kLaneFlags}, options.dtype(at::kInt))),
         ends(at::empty({chunks}, options.dtype(at::kLong))) {
+    const at::Tensor flags = mask.contiguous();
+    const auto* data = static_cast<const MaskByte*>(flags.const_data_ptr());
+    const bool aligned = reinterpret_cast<uintptr_t>(data) % sizeof(uint4) == 0;
     const at::Tensor counts = at::empty({chunks}, options.dtype(at::kLong));
-    count_chunks<<<blocks, kThreads, 0, stream>>>(data, rows, aligned, chunks, counts.data_ptr<int64_t>());
+    count_chunks<<<blocks, kThreads, 0, stream>>>(data, rows, aligned, chunks, counts.data_ptr<int64_t>(),
+                                                  words_data());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t* counts_data = counts.const_data_ptr<int64_t>();
     int64_t* ends_out = ends.data_ptr<int64_t>();
@@ -382,6 +393,7 @@ struct ChunkedMask {
   }
 
   const int64_t* ends_data() const { return ends.const_data_ptr<int64_t>(); }
+  uint32_t* words_data() const { return reinterpret_cast<uint32_t*>(words.data_ptr<int32_t>()); }
 };
 
 at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, int64_t axis) {
@@ -410,8 +422,8 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     Unit* dst_units = static_cast<Unit*>(result.data_ptr());
     if (view.outer == 1 && units == 1) {
       // Each row is one unit: compaction packs the data itself.
-      compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.data, chunked.rows, chunked.aligned,
-                                                              chunked.chunks, chunked.ends_data(),
+      compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.words_data(), chunked.chunks,
+                                                              chunked.ends_data(),
                                                               PackUnits<Unit>{src_units, dst_units});
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
@@ -419,8 +431,8 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     // Otherwise compaction packs the selected row numbers, which every block
     // of the output then gathers from.
     at::Tensor selected_rows = at::empty({selected}, input.options().dtype(at::kLong));
-    compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.data, chunked.rows, chunked.aligned,
-                                                            chunked.chunks, chunked.ends_data(),
+    compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.words_data(), chunked.chunks,
+                                                            chunked.ends_data(),
                                                             PackRows{selected_rows.data_ptr<int64_t>()});
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t block_units = selected * units;
@@ -476,7 +488,7 @@ at::Tensor boolean_mask_backward_cuda(const at::Tensor& grad, const at::Tensor& 
       // Each row is one unit: the forward's compaction in reverse, with a
       // count per chunk instead of one per row to write and read back.
       const ChunkedMask chunked(mask, view.rows, packed_grad.options(), stream);
-      expand_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.data, chunked.rows, chunked.aligned,
+      expand_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.words_data(), chunked.rows,
                                                              chunked.chunks, chunked.ends_data(),
                                                              static_cast<const Unit*>(src), grad_rows,
                                                              static_cast<Unit*>(result.data_ptr()));

@@ -165,9 +165,21 @@ class FirstBadRow {
 // Where element t of the [rows, slice] update (or gather) space lands in the
 // [slots, slice] tensor: its flat offset there, or -1 when its index row is
 // out of bounds (then noted once per row, by the row's first element).
+// t / slice_size: none for element updates, in 32 bits where both fit (64-bit
+// division is many times slower on a GPU).
+__device__ inline int64_t row_of(int64_t t, int64_t slice_size) {
+  if (slice_size == 1) {
+    return t;
+  }
+  if (((t | slice_size) >> 32) == 0) {
+    return static_cast<uint32_t>(t) / static_cast<uint32_t>(slice_size);
+  }
+  return t / slice_size;
+}
+
 template <typename index_t>
 __device__ int64_t element_offset(const NdIndexGeometry& g, const index_t* indices, int64_t t, int64_t* first_bad) {
-  const int64_t row = t / g.slice_size;
+  const int64_t row = row_of(t, g.slice_size);
   const int64_t column = t - row * g.slice_size;
   const int64_t slot = slot_of(g, indices + row * g.depth);
   if (slot < 0) {
@@ -243,10 +255,11 @@ void* scratch(at::Tensor& holder, int64_t bytes) {
 }
 
 // Stable sort of (key, value) pairs by the low bits of the key that a key up
-// to max_key can use.
-template <typename key_t, typename value_t>
+// to max_key can use. `n` in the narrowest type that holds it: CUB sorts
+// with offsets of that width.
+template <typename key_t, typename value_t, typename count_t>
 void sort_pairs_by_key(const key_t* keys_in, key_t* keys_out, const value_t* values_in, value_t* values_out,
-                       int64_t n, key_t max_key, cudaStream_t stream) {
+                       count_t n, key_t max_key, cudaStream_t stream) {
   int end_bit = 1;
   while (end_bit < static_cast<int>(sizeof(key_t) * 8) && (uint64_t{1} << end_bit) <= max_key) {
     ++end_bit;
@@ -335,7 +348,7 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
                                                                               first_bad);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       sort_pairs_by_key(keys_in, keys_out, reinterpret_cast<const bits_t*>(updates),
-                        reinterpret_cast<bits_t*>(sorted_updates), n, max_key, stream);
+                        reinterpret_cast<bits_t*>(sorted_updates), static_cast<row_t>(n), max_key, stream);
       const SortedUpdate<scalar_t> update_at{sorted_updates};
       segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, update_at,
                                                                      out);
@@ -348,7 +361,7 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
   row_t* rows_out = rows_in + n;
   slot_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, indices, keys_in, rows_in, first_bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  sort_pairs_by_key(keys_in, keys_out, rows_in, rows_out, n, max_key, stream);
+  sort_pairs_by_key(keys_in, keys_out, rows_in, rows_out, static_cast<row_t>(n), max_key, stream);
   const UpdateOfRow<scalar_t, row_t> update_at{rows_out, updates, g.slice_size};
   segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, update_at, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

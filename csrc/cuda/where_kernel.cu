@@ -1,13 +1,14 @@
 // CUDA kernels for masked::where.self and masked::select (csrc/element_select.h
 // prepares both). Three paths, by the merged geometry:
 //   - contiguous same shape: 16-byte vector loads and stores of x, y and the
-//     output, with the matching run of condition bytes;
+//     output, with the matching run of condition bytes; x or y may instead be
+//     a single element (where(c, x, 0.0)), loaded once;
 //   - rows (the condition fixed along the innermost axis, x and y unit-stride
 //     along it: select's rows, a [N, 1] condition, a scalar one): each row is
 //     copied whole from x or y in the widest units its alignment allows, a
 //     warp per piece of a row;
 //   - anything else: one output element per thread, offsets from the shared
-//     geometry.
+//     geometry, dividing in 32 bits where the output's size allows.
 // All offsets are 64-bit.
 #include "element_select.h"
 
@@ -52,12 +53,22 @@ struct alignas(kVec) ConditionVector {
   uint8_t b[kVec];
 };
 
+// The n elements of a 1-D selection. x_step and y_step are each 1 (the
+// operand is contiguous) or 0 (its one element serves every position).
 template <typename T>
 __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, const T* __restrict__ x,
-                                        const T* __restrict__ y, T* __restrict__ out, int64_t n) {
+                                        int64_t x_step, const T* __restrict__ y, int64_t y_step,
+                                        T* __restrict__ out, int64_t n) {
   constexpr int kVec = 16 / sizeof(T);
   using V = Vector<T, kVec>;
   using C = ConditionVector<kVec>;
+  V x_fill;
+  V y_fill;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    x_fill.v[k] = x[0];
+    y_fill.v[k] = y[0];
+  }
   const int64_t vectors = n / kVec;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -70,8 +81,8 @@ __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, c
       const int64_t v = base + u * threads;
       if (v < vectors) {
         c[u] = reinterpret_cast<const C*>(condition)[v];
-        a[u] = reinterpret_cast<const V*>(x)[v];
-        b[u] = reinterpret_cast<const V*>(y)[v];
+        a[u] = x_step != 0 ? reinterpret_cast<const V*>(x)[v] : x_fill;
+        b[u] = y_step != 0 ? reinterpret_cast<const V*>(y)[v] : y_fill;
       }
     }
 #pragma unroll
@@ -89,7 +100,7 @@ __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, c
   }
   // The last n % kVec elements.
   for (int64_t i = vectors * kVec + tid; i < n; i += threads) {
-    out[i] = condition[i] ? x[i] : y[i];
+    out[i] = condition[i] ? x[i * x_step] : y[i * y_step];
   }
 }
 
@@ -133,14 +144,14 @@ __global__ void select_rows_kernel(SelectGeometry g, int64_t element_size, const
   }
 }
 
-template <typename T>
+template <typename T, typename Index>
 __global__ void where_strided_kernel(SelectGeometry g, const uint8_t* __restrict__ condition,
                                      const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ out,
                                      int64_t n) {
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += threads) {
     int64_t offsets[kNumSelectOperands];
-    g.offsets_at(i, offsets);
+    g.offsets_at(static_cast<Index>(i), offsets);
     out[i] = condition[offsets[kCondition]] ? x[offsets[kX]] : y[offsets[kY]];
   }
 }
@@ -191,10 +202,14 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
   T* out = static_cast<T*>(s.out.mutable_data_ptr());
 
   constexpr int64_t kVec = 16 / sizeof(T);
-  const bool flat = g.dims == 1 && g.strides[kCondition][0] == 1 && g.strides[kX][0] == 1 && g.strides[kY][0] == 1;
-  if (flat && aligned(c, kVec) && aligned(x, 16) && aligned(y, 16) && aligned(out, 16)) {
+  const int64_t x_step = g.strides[kX][0];
+  const int64_t y_step = g.strides[kY][0];
+  const bool flat = g.dims == 1 && g.strides[kCondition][0] == 1 && (x_step == 0 || x_step == 1) &&
+                    (y_step == 0 || y_step == 1);
+  if (flat && aligned(c, kVec) && (x_step == 0 || aligned(x, 16)) && (y_step == 0 || aligned(y, 16)) &&
+      aligned(out, 16)) {
     const int blocks = blocks_for(std::max<int64_t>(n / kVec, 1), kThreads * kUnroll);
-    where_contiguous_kernel<T><<<blocks, kThreads, 0, stream>>>(c, x, y, out, n);
+    where_contiguous_kernel<T><<<blocks, kThreads, 0, stream>>>(c, x, x_step, y, y_step, out, n);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -213,8 +228,10 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
     });
     return;
   }
-  where_strided_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(g, c, x, y, out, n);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  with_index_type(n, [&](auto index) {
+    where_strided_kernel<T, decltype(index)><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(g, c, x, y, out, n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 at::Tensor selected(const Selection& s) {

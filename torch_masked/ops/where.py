@@ -115,14 +115,19 @@ def _as_tensor(value, partner, device):
     a tensor `partner` of the same or a higher kind, the complex type of a
     floating partner's precision, else torch's default dtype for its kind.
     Anything else (nested lists, NumPy arrays) goes through torch.as_tensor.
+
+    Numbers become tensors through torch.full: a fill on the device, where
+    torch.tensor would copy from the host, and on CUDA wait for the copy.
     """
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, numbers.Number) and isinstance(partner, torch.Tensor):
         if _kind_of_number(value) <= _kind_of_dtype(partner.dtype):
-            return torch.tensor(value, dtype=partner.dtype, device=device)
+            return torch.full((), value, dtype=partner.dtype, device=device)
         if _kind_of_number(value) == 3 and partner.dtype in _COMPLEX_OF:
-            return torch.tensor(value, dtype=_COMPLEX_OF[partner.dtype], device=device)
+            return torch.full((), value, dtype=_COMPLEX_OF[partner.dtype], device=device)
+    if type(value) in (bool, int, float, complex):  # torch.full infers the dtype as torch.as_tensor does
+        return torch.full((), value, device=device)
     return torch.as_tensor(value, device=device)
 
 
