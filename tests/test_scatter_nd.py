@@ -349,6 +349,27 @@ def test_deterministic_mode_extremes_as_in_index_order(device, dtype, size):
     assert not out[5:].any()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128])
+@pytest.mark.parametrize("slice_size", [1, 3])
+def test_deterministic_mode_hot_destination(device, dtype, slice_size):
+    """80% of 100 000 updates on one destination, the rest spread out, into
+    an output larger than the fixed-point path takes: on CUDA the sorted
+    path, where that destination's run spans many chunks of sorted rows.
+    Integer values, so that every order of adding gives the exact sum."""
+    gen = torch.Generator().manual_seed(6)
+    rows = 100_000
+    shape = [FIXED_POINT_MAX_ELEMENTS // slice_size + 16, slice_size]
+    indices = torch.randint(0, shape[0], (rows, 1), generator=gen)
+    indices[torch.rand(rows, generator=gen) < 0.8] = 3
+    updates = torch.randint(-50, 50, (rows, slice_size), generator=gen).to(dtype)
+    with deterministic_algorithms():
+        out = torch_masked.scatter_nd(indices.to(device), updates.to(device), shape).cpu()
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    exact = torch.zeros(shape, dtype=wide).index_add_(0, indices[:, 0], updates.to(wide))
+    assert torch.equal(out, exact.to(dtype))
+
+
 @pytest.mark.cuda
 def test_cuda_fixed_point_sums_are_accurate():
     """100 000 positive float32 updates of magnitudes 2**-12 to 2**12 into four

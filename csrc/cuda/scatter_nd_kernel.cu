@@ -13,8 +13,10 @@
 // - sorted (the other floating and complex types, or larger outputs, in
 //   deterministic mode): the index rows (or, for slices of one element, the
 //   updates themselves) are stable-sorted by destination slot with CUB's
-//   radix sort, then the first row of each run of equal slots sums the run
-//   in index order, in the accumulation type, and adds the sum to the output.
+//   radix sort, then each run of equal slots is summed in index order, in
+//   the accumulation type, from the output's value; a run longer than a
+//   chunk of about sqrt(rows) sorted positions chunk by chunk, its chunk sums
+//   then added in order.
 // Both deterministic paths give the same bits on every run.
 //
 // Bounds: every kernel records the first index row out of bounds with an
@@ -39,6 +41,8 @@
 #include <math_constants.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -162,24 +166,24 @@ class FirstBadRow {
   at::Tensor flag_;
 };
 
+// a / b for a >= 0, b > 0: no division for b = 1 (element updates), in 32
+// bits where both fit (64-bit division is many times slower on a GPU).
+__device__ inline int64_t divide(int64_t a, int64_t b) {
+  if (b == 1) {
+    return a;
+  }
+  if (((a | b) >> 32) == 0) {
+    return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+  }
+  return a / b;
+}
+
 // Where element t of the [rows, slice] update (or gather) space lands in the
 // [slots, slice] tensor: its flat offset there, or -1 when its index row is
 // out of bounds (then noted once per row, by the row's first element).
-// t / slice_size: none for element updates, in 32 bits where both fit (64-bit
-// division is many times slower on a GPU).
-__device__ inline int64_t row_of(int64_t t, int64_t slice_size) {
-  if (slice_size == 1) {
-    return t;
-  }
-  if (((t | slice_size) >> 32) == 0) {
-    return static_cast<uint32_t>(t) / static_cast<uint32_t>(slice_size);
-  }
-  return t / slice_size;
-}
-
 template <typename index_t>
 __device__ int64_t element_offset(const NdIndexGeometry& g, const index_t* indices, int64_t t, int64_t* first_bad) {
-  const int64_t row = row_of(t, g.slice_size);
+  const int64_t row = divide(t, g.slice_size);
   const int64_t column = t - row * g.slice_size;
   const int64_t slot = slot_of(g, indices + row * g.depth);
   if (slot < 0) {
@@ -291,27 +295,112 @@ struct SortedUpdate {
   __device__ scalar_t operator()(int64_t j, int64_t /*column*/) const { return values[j]; }
 };
 
-// One thread per (sorted position, column); the first position of each run
-// of equal slots sums the run in order, starting from the output's value (the
-// base, or zero) as adding in index order does: a run summed apart could
-// overflow to -inf and meet a base of +inf as NaN.
+// Each run of equal slots is summed in order, starting from the output's
+// value (the base, or zero) as adding in index order does (a run summed
+// apart could overflow to -inf and meet a base of +inf as NaN). So that no
+// thread walks a long run alone (one destination taking most of the
+// updates), the sorted positions are cut into chunks of about sqrt(rows): a
+// run crossing chunk boundaries sums its part in each chunk apart, and those
+// sums are then added in order to the first part's (which holds the base).
+// Only such long runs can meet that NaN. The cuts depend on the row count
+// alone: the same bits every run.
+struct RunChunks {
+  int64_t chunk;
+  int64_t count;
+  explicit RunChunks(int64_t rows) {
+    constexpr int64_t kMinChunk = 64;
+    int64_t length = std::max<int64_t>(kMinChunk, static_cast<int64_t>(std::sqrt(static_cast<double>(rows))));
+    while (length * length < rows) {
+      ++length;
+    }
+    chunk = length;
+    count = (rows + length - 1) / length;
+  }
+};
+
+// The first pass, one thread per (sorted position, column); only run starts
+// and chunk starts work. Each sums its run's positions up to the chunk's end.
+// A run that ends there is complete and written out; otherwise the sum is
+// kept: `crossing[c]` for the run that starts in chunk c and goes past it
+// (its sum from the base), `continuing[c]` for the run that entered chunk c
+// from before (its positions in chunk c, from the first of them).
 template <typename scalar_t, typename key_t, typename UpdateAt>
-__global__ void segment_sum_kernel(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys,
-                                   UpdateAt update_at, scalar_t* out) {
+__global__ void sum_run_chunks_kernel(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys,
+                                      UpdateAt update_at, int64_t chunk, at::opmath_type<scalar_t>* crossing,
+                                      at::opmath_type<scalar_t>* continuing, scalar_t* out) {
   using acc_t = at::opmath_type<scalar_t>;
   GRID_STRIDE_LOOP(t, num_rows * slice) {
-    const int64_t i = t / slice;
+    const int64_t i = divide(t, slice);
     const int64_t column = t - i * slice;
     const key_t key = keys[i];
-    if (key >= num_slots || (i > 0 && keys[i - 1] == key)) {
+    const bool run_start = i == 0 || keys[i - 1] != key;
+    const int64_t chunk_index = divide(i, chunk);
+    if (key >= num_slots || (!run_start && chunk_index * chunk != i)) {
       continue;
     }
+    const int64_t chunk_end = (chunk_index + 1) * chunk < num_rows ? (chunk_index + 1) * chunk : num_rows;
     scalar_t* dst = out + static_cast<int64_t>(key) * slice + column;
-    acc_t sum = static_cast<acc_t>(*dst);
-    for (int64_t j = i; j < num_rows && keys[j] == key; ++j) {
+    // A run's own sum starts from the base; a continuing one's from its first
+    // update (so that updates of -0.0 stay -0.0).
+    acc_t sum = run_start ? static_cast<acc_t>(*dst) : static_cast<acc_t>(update_at(i, column));
+    int64_t j = run_start ? i : i + 1;
+    for (; j < chunk_end && keys[j] == key; ++j) {
       sum += static_cast<acc_t>(update_at(j, column));
     }
-    *dst = static_cast<scalar_t>(sum);
+    const bool goes_on = j == chunk_end && j < num_rows && keys[j] == key;
+    if (run_start && !goes_on) {
+      *dst = static_cast<scalar_t>(sum);
+    } else {
+      (run_start ? crossing : continuing)[chunk_index * slice + column] = sum;
+    }
+  }
+}
+
+// The second pass, one thread per (chunk, column): the run that starts in
+// the chunk and goes past it, if any, adds its chunk sums in order.
+template <typename scalar_t, typename key_t>
+__global__ void finish_crossing_runs_kernel(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys,
+                                            int64_t chunk, int64_t chunks, const at::opmath_type<scalar_t>* crossing,
+                                            const at::opmath_type<scalar_t>* continuing, scalar_t* out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  GRID_STRIDE_LOOP(t, chunks * slice) {
+    const int64_t chunk_index = divide(t, slice);
+    const int64_t column = t - chunk_index * slice;
+    const int64_t next_start = (chunk_index + 1) * chunk;
+    if (next_start >= num_rows) {
+      continue;
+    }
+    const key_t key = keys[next_start - 1];
+    const int64_t start = chunk_index * chunk;
+    // Past the chunk, and not a run that entered it from before.
+    if (key >= num_slots || keys[next_start] != key || (start > 0 && keys[start - 1] == key)) {
+      continue;
+    }
+    acc_t sum = crossing[chunk_index * slice + column];
+    for (int64_t c = chunk_index + 1; c < chunks && keys[c * chunk] == key; ++c) {
+      sum += continuing[c * slice + column];
+    }
+    out[static_cast<int64_t>(key) * slice + column] = static_cast<scalar_t>(sum);
+  }
+}
+
+// Adds each run of equal sorted keys (below num_slots) into its slot of `out`.
+template <typename scalar_t, typename key_t, typename UpdateAt>
+void sum_runs(int64_t num_rows, int64_t slice, key_t num_slots, const key_t* keys, UpdateAt update_at, scalar_t* out,
+              cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const RunChunks chunks(num_rows);
+  at::Tensor holder;
+  auto* crossing = static_cast<acc_t*>(
+      scratch(holder, 2 * chunks.count * slice * static_cast<int64_t>(sizeof(acc_t))));
+  acc_t* continuing = crossing + chunks.count * slice;
+  sum_run_chunks_kernel<<<blocks_for(num_rows * slice), kThreads, 0, stream>>>(
+      num_rows, slice, num_slots, keys, update_at, chunks.chunk, crossing, continuing, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (chunks.count > 1) {
+    finish_crossing_runs_kernel<<<blocks_for(chunks.count * slice), kThreads, 0, stream>>>(
+        num_rows, slice, num_slots, keys, chunks.chunk, chunks.count, crossing, continuing, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 
@@ -338,7 +427,6 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
   at::Tensor keys;
   key_t* keys_in = static_cast<key_t*>(scratch(keys, 2 * n * static_cast<int64_t>(sizeof(key_t))));
   key_t* keys_out = keys_in + n;
-  const int64_t total = n * g.slice_size;
   if constexpr (sizeof(scalar_t) <= 8) {
     if (g.slice_size == 1) {
       using bits_t = typename BitsOfSize<sizeof(scalar_t)>::type;
@@ -349,10 +437,7 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       sort_pairs_by_key(keys_in, keys_out, reinterpret_cast<const bits_t*>(updates),
                         reinterpret_cast<bits_t*>(sorted_updates), static_cast<row_t>(n), max_key, stream);
-      const SortedUpdate<scalar_t> update_at{sorted_updates};
-      segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, update_at,
-                                                                     out);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      sum_runs(n, g.slice_size, max_key, keys_out, SortedUpdate<scalar_t>{sorted_updates}, out, stream);
       return;
     }
   }
@@ -362,9 +447,8 @@ void scatter_sorted(const NdIndexGeometry& g, const index_t* indices, const scal
   slot_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(g, indices, keys_in, rows_in, first_bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   sort_pairs_by_key(keys_in, keys_out, rows_in, rows_out, static_cast<row_t>(n), max_key, stream);
-  const UpdateOfRow<scalar_t, row_t> update_at{rows_out, updates, g.slice_size};
-  segment_sum_kernel<<<blocks_for(total), kThreads, 0, stream>>>(n, g.slice_size, max_key, keys_out, update_at, out);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  sum_runs(n, g.slice_size, max_key, keys_out, UpdateOfRow<scalar_t, row_t>{rows_out, updates, g.slice_size}, out,
+           stream);
 }
 
 // Fixed-point sums (float, half and bfloat16 updates).
