@@ -14,7 +14,6 @@
 #include "common.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
 #include <c10/core/ScalarType.h>
 #include <c10/macros/Macros.h>
@@ -149,7 +148,7 @@ inline Selection make_selection(const char* op, const at::Tensor& condition, con
   MASKED_CHECK(shape.size() <= kMaxSelectDims, op, ": expected at most ", kMaxSelectDims, " dimensions, got ",
               shape.size());
   const at::ScalarType dtype = at::result_type(x, y);
-  Selection s{condition, x.to(dtype), y.to(dtype), at::empty(shape, x.options().dtype(dtype)), {}};
+  Selection s{condition, x.to(dtype), y.to(dtype), uninitialized(shape, x.options().dtype(dtype)), {}};
   const at::Tensor* operands[kNumSelectOperands] = {&s.condition, &s.x, &s.y};
   s.geometry = select_geometry(shape, operands);
   return s;

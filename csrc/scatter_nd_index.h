@@ -11,7 +11,6 @@
 #include "common.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
@@ -176,7 +175,7 @@ at::Tensor gather_op(const at::Tensor& params, const at::Tensor& indices, bool c
                      const GatherInto& gather_into) {
   check_same_device("gather_nd", {{"params", &params}, {"indices", &indices}});
   const NdIndexGeometry g = make_geometry("gather_nd", indices, params.sizes(), "params.shape");
-  at::Tensor output = at::empty(rows_shape(indices, params.sizes()), params.options());
+  at::Tensor output = uninitialized(rows_shape(indices, params.sizes()), params.options());
   gather_into(output, params.contiguous(), indices.contiguous(), g, check_bounds);
   return output;
 }

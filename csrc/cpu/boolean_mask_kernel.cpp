@@ -11,7 +11,6 @@
 #include "cpu/huge_pages.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -324,7 +323,7 @@ at::Tensor boolean_mask_cpu(const at::Tensor& tensor, const at::Tensor& mask, in
   const uint8_t* mask_data = static_cast<const uint8_t*>(flags.const_data_ptr());
   const CompactionPlan plan = plan_mask(mask_data, view);
   const at::Tensor input = tensor.contiguous();
-  at::Tensor result = at::empty(view.masked_shape(tensor.sizes(), plan.total()), input.options());
+  at::Tensor result = uninitialized(view.masked_shape(tensor.sizes(), plan.total()), input.options());
   if (result.numel() == 0) {
     return result;
   }
@@ -356,7 +355,7 @@ at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& m
                     "] to equal the number of true elements of mask, ", plan.total(), ", got ",
                     grad.size(view.axis));
   const at::Tensor packed_grad = grad.contiguous();
-  at::Tensor result = at::empty(input_shape, packed_grad.options());
+  at::Tensor result = uninitialized(input_shape, packed_grad.options());
   if (result.numel() == 0) {
     return result;
   }

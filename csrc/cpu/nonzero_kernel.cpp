@@ -5,7 +5,6 @@
 #include "cpu/compaction.h"
 #include "cpu/huge_pages.h"
 
-#include <ATen/ops/empty.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -185,7 +184,7 @@ at::Tensor nonzero_cpu(const at::Tensor& self) {
   nonzero_into(
       "nonzero", self,
       [&](int64_t total) {
-        result = at::empty({total, self.dim()}, self.options().dtype(at::kLong));
+        result = uninitialized({total, self.dim()}, self.options().dtype(at::kLong));
         advise_huge_pages(result);
         return row_major_output(result);
       },
@@ -200,7 +199,7 @@ std::vector<at::Tensor> nonzero_tuple_cpu(const at::Tensor& self) {
       [&](int64_t total) {
         IndexOutput out{{}, 1};
         for (int64_t j = 0; j < std::max<int64_t>(self.dim(), 1); ++j) {
-          result.push_back(at::empty({total}, self.options().dtype(at::kLong)));
+          result.push_back(uninitialized({total}, self.options().dtype(at::kLong)));
           advise_huge_pages(result.back());
           out.columns.push_back(result.back().data_ptr<int64_t>());
         }
@@ -212,7 +211,7 @@ std::vector<at::Tensor> nonzero_tuple_cpu(const at::Tensor& self) {
 
 at::Tensor nonzero_static_cpu(const at::Tensor& self, int64_t size, int64_t fill_value) {
   MASKED_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
-  const at::Tensor result = at::empty({size, self.dim()}, self.options().dtype(at::kLong));
+  const at::Tensor result = uninitialized({size, self.dim()}, self.options().dtype(at::kLong));
   advise_huge_pages(result);
   nonzero_into(
       "nonzero_static", self,

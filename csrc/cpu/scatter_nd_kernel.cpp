@@ -22,7 +22,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/bit_cast.h>
 #include <torch/library.h>
 
@@ -440,7 +439,7 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
                             const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
   const std::vector<Block> blocks = split_output(g);
   std::vector<int64_t> first_bad(blocks.size(), -1);
-  const at::Tensor output = at::empty(shape, updates.options());
+  const at::Tensor output = uninitialized(shape, updates.options());
   advise_huge_pages(output);
   const at::Tensor base = tensor != nullptr ? tensor->contiguous() : at::Tensor();
   const bool elements = g.slice_size == 1;
@@ -475,7 +474,7 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
         }
       }
       const at::Tensor acc =
-          kRounds ? at::empty(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value)) : output;
+          kRounds ? uninitialized(shape, updates.options().dtype(c10::CppTypeToScalarType<acc_t>::value)) : output;
       if (kRounds) {
         advise_huge_pages(acc);
       }

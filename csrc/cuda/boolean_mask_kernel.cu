@@ -15,7 +15,6 @@
 #include "common.h"
 #include "cuda/cub_call.cuh"
 
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -42,7 +41,7 @@ struct TrueFlagCount {
 // counts[j] = number of true flags in mask[0..j].
 at::Tensor inclusive_counts(const uint8_t* mask, int64_t rows, const at::TensorOptions& options,
                             cudaStream_t stream) {
-  at::Tensor counts = at::empty({rows}, options.dtype(at::kLong));
+  at::Tensor counts = uninitialized({rows}, options.dtype(at::kLong));
   int64_t* out = counts.data_ptr<int64_t>();
   const auto flags = thrust::make_transform_iterator(mask, TrueFlagCount{});
   run_cub(options, [&](void* temp, size_t& temp_bytes) {
@@ -376,12 +375,12 @@ struct ChunkedMask {
       : rows(rows),
         chunks((rows + kChunk - 1) / kChunk),
         blocks(blocks_for(chunks * kWarp)),
-        words(at::empty({chunks * kLaneFlags}, options.dtype(at::kInt))),
-        ends(at::empty({chunks}, options.dtype(at::kLong))) {
+        words(uninitialized({chunks * kLaneFlags}, options.dtype(at::kInt))),
+        ends(uninitialized({chunks}, options.dtype(at::kLong))) {
     const at::Tensor flags = mask.contiguous();
     const auto* data = static_cast<const MaskByte*>(flags.const_data_ptr());
     const bool aligned = reinterpret_cast<uintptr_t>(data) % sizeof(uint4) == 0;
-    const at::Tensor counts = at::empty({chunks}, options.dtype(at::kLong));
+    const at::Tensor counts = uninitialized({chunks}, options.dtype(at::kLong));
     count_chunks<<<blocks, kThreads, 0, stream>>>(data, rows, aligned, chunks, counts.data_ptr<int64_t>(),
                                                   words_data());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -403,12 +402,12 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor input = tensor.contiguous();
   if (view.rows == 0) {
-    return at::empty(view.masked_shape(tensor.sizes(), 0), input.options());
+    return uninitialized(view.masked_shape(tensor.sizes(), 0), input.options());
   }
   const ChunkedMask chunked(mask, view.rows, input.options(), stream);
   const int64_t selected = read_to_host(chunked.ends_data() + chunked.chunks - 1, stream);
 
-  at::Tensor result = at::empty(view.masked_shape(tensor.sizes(), selected), input.options());
+  at::Tensor result = uninitialized(view.masked_shape(tensor.sizes(), selected), input.options());
   if (result.numel() == 0) {
     return result;
   }
@@ -430,7 +429,7 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     }
     // Otherwise compaction packs the selected row numbers, which every block
     // of the output then gathers from.
-    at::Tensor selected_rows = at::empty({selected}, input.options().dtype(at::kLong));
+    at::Tensor selected_rows = uninitialized({selected}, input.options().dtype(at::kLong));
     compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.words_data(), chunked.chunks,
                                                             chunked.ends_data(),
                                                             PackRows{selected_rows.data_ptr<int64_t>()});
@@ -472,7 +471,7 @@ at::Tensor boolean_mask_backward_cuda(const at::Tensor& grad, const at::Tensor& 
   const c10::cuda::CUDAGuard guard(grad.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor packed_grad = grad.contiguous();
-  at::Tensor result = at::empty(input_shape, packed_grad.options());
+  at::Tensor result = uninitialized(input_shape, packed_grad.options());
   if (result.numel() == 0) {
     return result;
   }

@@ -2,8 +2,9 @@
 // device-wide calls.
 #pragma once
 
+#include "common.h"
+
 #include <ATen/core/TensorBody.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 
 #include <cub/cub.cuh>
@@ -21,7 +22,7 @@ template <typename CubCall>
 void run_cub(const at::TensorOptions& options, const CubCall& call) {
   size_t temp_bytes = 0;
   C10_CUDA_CHECK(call(nullptr, temp_bytes));
-  const at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
+  const at::Tensor temp = uninitialized({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
   C10_CUDA_CHECK(call(temp.data_ptr(), temp_bytes));
 }
 

@@ -8,7 +8,6 @@
 #include "common.h"
 #include "cuda/cub_call.cuh"
 
-#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -142,8 +141,8 @@ bool is_vector_aligned(const at::Tensor& input) {
 template <typename T>
 at::Tensor tile_starts(const at::Tensor& input, NonzeroBits<T> nonzero, cudaStream_t stream) {
   const int64_t tiles = num_tiles(input);
-  const at::Tensor counts = at::empty({tiles + 1}, input.options().dtype(at::kLong));
-  const at::Tensor starts = at::empty({tiles + 1}, input.options().dtype(at::kLong));
+  const at::Tensor counts = uninitialized({tiles + 1}, input.options().dtype(at::kLong));
+  const at::Tensor starts = uninitialized({tiles + 1}, input.options().dtype(at::kLong));
   int64_t* counts_data = counts.data_ptr<int64_t>();
   int64_t* starts_data = starts.data_ptr<int64_t>();
   C10_CUDA_CHECK(cudaMemsetAsync(counts_data, 0, sizeof(int64_t), stream));
@@ -218,11 +217,11 @@ void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
 }
 
 at::Tensor nonzero_cuda(const at::Tensor& self) {
-  at::Tensor result = at::empty({0, self.dim()}, self.options().dtype(at::kLong));
+  at::Tensor result = uninitialized({0, self.dim()}, self.options().dtype(at::kLong));
   with_input("nonzero", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
     const at::Tensor starts = tile_starts(input, nonzero, stream);
     const int64_t total = read_total(starts, stream);
-    result = at::empty({total, self.dim()}, self.options().dtype(at::kLong));
+    result = uninitialized({total, self.dim()}, self.options().dtype(at::kLong));
     if (total > 0 && self.dim() > 0) {
       write_rows(input, nonzero, starts, row_major_columns(input, result, total), stream);
     }
@@ -233,14 +232,14 @@ at::Tensor nonzero_cuda(const at::Tensor& self) {
 std::vector<at::Tensor> nonzero_tuple_cuda(const at::Tensor& self) {
   std::vector<at::Tensor> result;
   for (int64_t j = 0; j < std::max<int64_t>(self.dim(), 1); ++j) {
-    result.push_back(at::empty({0}, self.options().dtype(at::kLong)));
+    result.push_back(uninitialized({0}, self.options().dtype(at::kLong)));
   }
   with_input("nonzero_tuple", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
     const at::Tensor starts = tile_starts(input, nonzero, stream);
     const int64_t total = read_total(starts, stream);
     IndexColumns out = columns_for(input, 1, total);
     for (int j = 0; j < out.dims; ++j) {
-      result[j] = at::empty({total}, self.options().dtype(at::kLong));
+      result[j] = uninitialized({total}, self.options().dtype(at::kLong));
       out.columns[j] = result[j].data_ptr<int64_t>();
     }
     if (total > 0) {

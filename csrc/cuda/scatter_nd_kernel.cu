@@ -30,10 +30,9 @@
 
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/OpMathType.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -125,23 +124,14 @@ __device__ inline void atomic_accumulate(T* address, T v) {
   }
 }
 
-// A contiguous tensor on the current CUDA device, left uninitialized even
-// in deterministic mode, where at::empty (and so at::zeros, at::full,
-// clone) would first fill it with NaN or the largest integer
-// (torch.utils.deterministic.fill_uninitialized_memory): a wasted pass and
-// kernel launch for memory the caller writes anyway.
-at::Tensor uninitialized(at::IntArrayRef shape, at::ScalarType dtype) {
-  return at::detail::empty_generic(shape, c10::cuda::CUDACachingAllocator::get(),
-                                   c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt);
-}
-
 // The int64 on the device where kernels record the first index row out of
 // bounds (above every row number while there is none); absent without
 // check_bounds.
 class FirstBadRow {
  public:
-  FirstBadRow(bool check_bounds, const NdIndexGeometry& g, cudaStream_t stream)
-      : num_rows_(g.num_rows), flag_(check_bounds ? uninitialized({1}, at::kLong) : at::Tensor()) {
+  FirstBadRow(bool check_bounds, const NdIndexGeometry& g, c10::Device device, cudaStream_t stream)
+      : num_rows_(g.num_rows),
+        flag_(check_bounds ? uninitialized({1}, at::TensorOptions(at::kLong).device(device)) : at::Tensor()) {
     if (flag_.defined()) {
       // Every byte 0x7f: 0x7f7f7f7f7f7f7f7f, more rows than memory holds.
       C10_CUDA_CHECK(cudaMemsetAsync(flag_.mutable_data_ptr(), 0x7f, sizeof(int64_t), stream));
@@ -252,9 +242,9 @@ void check_rows_only(const NdIndexGeometry& g, const index_t* indices, int64_t* 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Scratch memory for the sort.
+// Scratch memory on the current device.
 void* scratch(at::Tensor& holder, int64_t bytes) {
-  holder = uninitialized({bytes}, at::kByte);
+  holder = uninitialized({bytes}, at::TensorOptions(at::kByte).device(at::kCUDA, c10::cuda::current_device()));
   return holder.mutable_data_ptr();
 }
 
@@ -593,7 +583,7 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
                              bool check_bounds) {
   const c10::cuda::CUDAGuard guard(updates.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor output = uninitialized(shape, updates.scalar_type());
+  at::Tensor output = uninitialized(shape, updates.options());
   if (tensor != nullptr) {
     output.copy_(*tensor);
   } else if (output.numel() > 0) {
@@ -602,7 +592,7 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
   if (g.num_rows == 0) {
     return output;
   }
-  const FirstBadRow first_bad(check_bounds, g, stream);
+  const FirstBadRow first_bad(check_bounds, g, updates.device(), stream);
   int64_t* first_bad_ptr = first_bad.device_ptr();
   const int64_t total = g.num_rows * g.slice_size;
   const bool deterministic = at::globalContext().deterministicAlgorithms();
@@ -659,7 +649,7 @@ void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Te
   }
   const c10::cuda::CUDAGuard guard(output.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const FirstBadRow first_bad(check_bounds, g, stream);
+  const FirstBadRow first_bad(check_bounds, g, output.device(), stream);
   int64_t* first_bad_ptr = first_bad.device_ptr();
   const int64_t total = g.num_rows * g.slice_size;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
