@@ -174,6 +174,17 @@ def test_where_python_scalar_promotes_like_torch(device, dtype, scalar, rank):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype, number", [(torch.float32, 1e40), (torch.uint8, 300)], ids=str)
+def test_where_number_that_does_not_fit_raises_like_torch(device, dtype, number):
+    condition = random_condition((3,), device)
+    x = make_tensor((3,), dtype, device, generator=gen(1))
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.where(condition, x, number)
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch_masked.where(condition, x, number)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_where_scalars_only(device):
     condition = random_condition((4,), device)
     for x, y in [(1, 100), (1.5, 2), (True, False), (2, 0.5j)]:
