@@ -8,7 +8,9 @@
 #   OPS=nonzero,where bash benchmarks/gpu_check.sh
 #
 # A wheel folder .whl/ (e.g. expecttest, absent on some GPU images) is
-# installed first if present.
+# installed first if present. The tests may take TEST_LIMIT seconds (240);
+# the benchmarks what is left of TOTAL_LIMIT (540), so that a hang still
+# leaves the rows measured before it (run.py rewrites rows.json after each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"
@@ -30,7 +32,7 @@ if ! TORCH_MASKED_CUDA=1 python3 setup.py build_ext --inplace > "$OUT/build.log"
 fi
 echo "built in ${SECONDS}s"
 
-python3 -m pytest tests -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
+timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
 tests_rc=$?
 grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
 echo "tests rc=${tests_rc} after ${SECONDS}s"
@@ -51,7 +53,9 @@ times.sort()
 print(f"device-to-device copy of 1e8 float32: {2 * x.nbytes / times[len(times) // 2] / 1e9:.0f} GB/s (read + write)")
 PY
 
-python3 benchmarks/run.py --device cuda ${OPS:+--ops "$OPS"} --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
+bench_limit=$(( ${TOTAL_LIMIT:-540} - SECONDS ))
+timeout -k 10 "$(( bench_limit > 30 ? bench_limit : 30 ))" \
+  python3 benchmarks/run.py --device cuda ${OPS:+--ops "$OPS"} --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
 bench_rc=$?
 tail -5 "$OUT/bench.err"
 echo "bench rc=${bench_rc}; total ${SECONDS}s"

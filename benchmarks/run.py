@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import platform
+import signal
 import sys
 
 import torch
@@ -33,19 +34,30 @@ def main():
     parser.add_argument("--json", help="also write the rows there, for benchmarks/goals.py")
     args = parser.parse_args()
 
-    rows = []
-    for op in args.ops.split(","):
-        module = importlib.import_module(f"bench_{op}")
-        for case in module.cases(args.device, args.quick):
-            row = run_case(case, args.device)
-            rows.append(row)
-            print(f"  {case.op} {case.name}: ours/native = {row.ratio:.2f}", file=sys.stderr, flush=True)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
     title = f"torch_masked benchmarks on {args.device} ({where}), torch {torch.__version__}"
-    print_table(rows, title)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"title": title, "device": args.device, "rows": [row.as_dict() for row in rows]}, f, indent=1)
+    rows = []
+    # The rows measured so far survive a case that fails or a run that is cut
+    # short (`timeout` sends SIGTERM): the JSON is rewritten after every row,
+    # the table printed anyway.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        for op in args.ops.split(","):
+            module = importlib.import_module(f"bench_{op}")
+            for case in module.cases(args.device, args.quick):
+                row = run_case(case, args.device)
+                rows.append(row)
+                print(f"  {case.op} {case.name}: ours/native = {row.ratio:.2f}", file=sys.stderr, flush=True)
+                if args.json:
+                    write_json(args.json, title, args.device, rows)
+    finally:
+        print_table(rows, title)
+
+
+def write_json(path, title, device, rows):
+    with open(path + ".part", "w") as f:
+        json.dump({"title": title, "device": device, "rows": [row.as_dict() for row in rows]}, f, indent=1)
+    os.replace(path + ".part", path)
 
 
 if __name__ == "__main__":
