@@ -43,6 +43,10 @@ inline MaskedView masked_view(
   MASKED_CHECK_TYPE(mask.scalar_type() == at::kBool, op, ": expected mask of dtype torch.bool, got ",
                    dtype_name(mask.scalar_type()));
   const int64_t rank = static_cast<int64_t>(shape.size());
+  for (const int64_t size : shape) {
+    MASKED_CHECK_VALUE(size >= 0, op, ": expected non-negative sizes in ", shape_name, ", got ", shape_name, "=",
+                      shape);
+  }
   const int64_t mask_dims = mask.dim();
   MASKED_CHECK_VALUE(mask_dims >= 1, op, ": expected mask of rank >= 1, got a 0-d mask");
   MASKED_CHECK_VALUE(mask_dims <= rank, op, ": expected mask.dim() <= ", rank, " (the rank of ", shape_name,
@@ -51,7 +55,8 @@ inline MaskedView masked_view(
                     shape_name, " of rank ", rank, ", got axis=", axis);
   const int64_t start = axis < 0 ? axis + rank : axis;
   MASKED_CHECK_VALUE(start + mask_dims <= rank, op, ": expected axis + mask.dim() <= ", rank, " (the rank of ",
-                    shape_name, "), got axis=", axis, " and mask.dim()=", mask_dims);
+                    shape_name, "), got axis=", axis, axis < 0 ? message(" (dimension ", start, ")") : "",
+                    " and mask.dim()=", mask_dims);
   MASKED_CHECK_VALUE(shape.slice(start, mask_dims) == mask.sizes(), op, ": expected mask.shape to equal ", shape_name,
                     "[", start, ":", start + mask_dims, "], got mask.shape=", mask.sizes(), " and ", shape_name, "=",
                     shape);

@@ -99,6 +99,19 @@ inline at::Tensor uninitialized(at::IntArrayRef shape, const at::TensorOptions& 
   return at::detail::empty_cpu(shape, options);
 }
 
+// Kernels load whole elements: a GPU faults on a load not aligned to its
+// size, and the CPU's loads of 16-byte elements (complex128) are aligned
+// vector moves. A tensor made from a raw buffer at an odd offset
+// (torch.frombuffer) can break that; torch's own kernels fault on such a
+// tensor too (clone() included), so it is refused here with a clear error.
+inline void check_element_aligned(const char* op, const char* name, const at::Tensor& t) {
+  const int64_t element_size = static_cast<int64_t>(t.element_size());
+  const int64_t needed = t.is_cuda() || element_size == 16 ? element_size : 1;
+  const int64_t past = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.const_data_ptr()) % needed);
+  MASKED_CHECK(t.numel() == 0 || past == 0, op, ": expected ", name, " with data aligned to its element size, ",
+               needed, " bytes, got an address ", past, " bytes past a multiple of ", needed);
+}
+
 // A 16-byte element (complex128) moved as raw bits.
 struct alignas(16) Bytes16 {
   uint64_t lo;

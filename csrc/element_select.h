@@ -147,6 +147,8 @@ inline Selection make_selection(const char* op, const at::Tensor& condition, con
                                 const at::Tensor& y, at::IntArrayRef shape) {
   MASKED_CHECK(shape.size() <= kMaxSelectDims, op, ": expected at most ", kMaxSelectDims, " dimensions, got ",
               shape.size());
+  check_element_aligned(op, "x", x);
+  check_element_aligned(op, "y", y);
   const at::ScalarType dtype = at::result_type(x, y);
   Selection s{condition, x.to(dtype), y.to(dtype), uninitialized(shape, x.options().dtype(dtype)), {}};
   const at::Tensor* operands[kNumSelectOperands] = {&s.condition, &s.x, &s.y};

@@ -114,8 +114,9 @@ inline std::vector<int64_t> rows_shape(const at::Tensor& indices, at::IntArrayRe
       bad_dim = j;
     }
   }
-  // The row's position in indices.shape[:-1], e.g. "indices[1, 0]".
-  const std::string where = "indices" + message_piece(at::IntArrayRef(position));
+  // The row's position in indices.shape[:-1], e.g. "indices[1, 0]"; a
+  // single (rank-1) index is the whole of indices.
+  const std::string where = position.empty() ? "indices" : "indices" + message_piece(at::IntArrayRef(position));
   MASKED_CHECK_INDEX(false, op, ": expected every index within shape ", shape, ", got ", index, " at ",
                     where, " (", values.data_ptr<int64_t>()[bad_dim], " is out of range for dimension ",
                     bad_dim, " of size ", shape[bad_dim], ")");
@@ -151,7 +152,8 @@ at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Te
   }
   const NdIndexGeometry g = make_geometry(op, indices, shape, tensor != nullptr ? "tensor.shape" : "shape");
   MASKED_CHECK_TYPE(is_addable(updates.scalar_type()), op,
-                   ": expected updates of a numeric or bool dtype other than uint16/uint32/uint64, got ",
+                   ": expected updates of dtype bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
+                   "float64, complex64 or complex128, got ",
                    dtype_name(updates.scalar_type()));
   if (tensor != nullptr) {
     MASKED_CHECK_TYPE(updates.scalar_type() == tensor->scalar_type(), op,
@@ -163,6 +165,11 @@ at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Te
               ": expected updates of shape indices.shape[:-1] + ", tensor != nullptr ? "tensor.shape" : "shape",
               "[K:] = ", at::IntArrayRef(expected), ", got updates of shape ", updates.sizes(),
               " (indices of shape ", indices.sizes(), ")");
+  if (tensor != nullptr) {
+    check_element_aligned(op, "tensor", *tensor);
+  }
+  check_element_aligned(op, "indices", indices);
+  check_element_aligned(op, "updates", updates);
   return scatter_into(op, tensor, shape, indices.contiguous(), updates.contiguous(), g, check_bounds);
 }
 
@@ -175,6 +182,8 @@ at::Tensor gather_op(const at::Tensor& params, const at::Tensor& indices, bool c
                      const GatherInto& gather_into) {
   check_same_device("gather_nd", {{"params", &params}, {"indices", &indices}});
   const NdIndexGeometry g = make_geometry("gather_nd", indices, params.sizes(), "params.shape");
+  check_element_aligned("gather_nd", "params", params);
+  check_element_aligned("gather_nd", "indices", indices);
   at::Tensor output = uninitialized(rows_shape(indices, params.sizes()), params.options());
   gather_into(output, params.contiguous(), indices.contiguous(), g, check_bounds);
   return output;

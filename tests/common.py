@@ -57,3 +57,16 @@ def assert_forward_ad_refused(fn, primal):
         dual = fwAD.make_dual(primal, torch.ones_like(primal))
         with pytest.raises(RuntimeError, match="jvp is not implemented"):
             fn(dual)
+
+
+def misaligned(values):
+    """A 1-D CPU tensor holding `values` whose data lies 8 bytes past a
+    16-byte boundary, as torch.frombuffer makes from a buffer at such an
+    offset. The bytes are copied as bytes: torch's own copy of 16-byte
+    elements into such memory faults."""
+    nbytes = values.numel() * values.element_size()
+    storage = torch.zeros(nbytes + 16, dtype=torch.uint8)  # CPU allocations are 64-byte aligned
+    t = torch.frombuffer(storage.numpy(), dtype=values.dtype, count=values.numel(), offset=8)
+    t.view(torch.uint8).copy_(values.reshape(-1).view(torch.uint8))
+    assert t.data_ptr() % 16 == 8
+    return t

@@ -14,6 +14,7 @@ from tests.common import (
     assert_forward_ad_refused,
     device_name,
     make_tensor,
+    misaligned,
     non_contiguous,
 )
 
@@ -229,6 +230,18 @@ def test_non_contiguous_tensor_and_mask(device):
     assert_same(backward_op(grad, non_contiguous(mask), [6, 7, 8], 1), backward_reference(grad, mask, [6, 7, 8], 1))
 
 
+def test_misaligned_tensor():
+    # Slices move in units their alignment allows, so even complex128 data
+    # 8 bytes off a 16-byte boundary is fine (torch's own kernels fault on it).
+    torch.manual_seed(0)
+    tensor = random_values((10, 3), torch.complex128, "cpu")
+    mask = random_mask((10,), "cpu")
+    selected = reference(tensor, mask)
+    assert_same(boolean_mask_op(misaligned(tensor).view(10, 3), mask), selected)
+    grad = misaligned(selected).view(selected.shape)
+    assert_same(backward_op(grad, mask, [10, 3], 0), backward_reference(selected, mask, [10, 3], 0))
+
+
 @pytest.mark.parametrize("device", DEVICES + ["meta"])
 def test_errors(device):
     tensor = torch.zeros(3, 4, device=device)
@@ -251,7 +264,7 @@ def test_errors(device):
         boolean_mask_op(tensor, mask[:, 0], 2)
     with pytest.raises(IndexError, match=r"got axis=-3"):
         boolean_mask_op(tensor, mask[:, 0], -3)
-    with pytest.raises(ValueError, match=r"expected axis \+ mask.dim\(\) <= 2 \(the rank of tensor.shape\), got axis=-1 and mask.dim\(\)=2"):
+    with pytest.raises(ValueError, match=r"expected axis \+ mask.dim\(\) <= 2 \(the rank of tensor.shape\), got axis=-1 \(dimension 1\) and mask.dim\(\)=2"):
         boolean_mask_op(tensor, mask, -1)
     with pytest.raises(ValueError, match=r"expected mask.dim\(\) <= 0 \(the rank of tensor.shape\), got mask.dim\(\)=1"):
         boolean_mask_op(torch.tensor(1.0, device=device), mask[0, :1])
@@ -269,6 +282,10 @@ def test_errors(device):
         backward_op(grad, mask[0], [3, 4], 5)
     with pytest.raises(TypeError, match=r"boolean_mask_backward: expected mask of dtype torch.bool"):
         backward_op(grad, torch.ones(3, device=device), [3, 4], 0)
+    with pytest.raises(
+        ValueError, match=r"boolean_mask_backward: expected non-negative sizes in input_shape, got input_shape=\[3, -4\]"
+    ):
+        backward_op(torch.zeros(3, 4, device=device), mask[:, 0], [3, -4], 0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

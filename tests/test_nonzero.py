@@ -11,6 +11,7 @@ from tests.common import (
     WIDE_UNSIGNED_DTYPES,
     device_name,
     make_tensor,
+    misaligned,
     non_contiguous,
 )
 
@@ -183,6 +184,19 @@ def test_dtypes_without_a_zero_are_refused(device, dtype):
     for static_input, size in [(x, 2), (x, 0), (x[0], 2)]:
         with pytest.raises(TypeError, match="nonzero_static: " + message):
             torch_masked.nonzero_static(static_input, size=size)
+
+
+def test_misaligned_inputs():
+    # 16-byte elements are loaded with aligned vector moves on the CPU (and
+    # torch's own kernels fault on such a tensor); smaller ones load unaligned.
+    x = misaligned(torch.tensor([0, 1, 0, 2], dtype=torch.complex128))
+    message = r"expected input with data aligned to its element size, 16 bytes, got an address 8 bytes past"
+    with pytest.raises(RuntimeError, match="nonzero: " + message):
+        torch_masked.nonzero(x)
+    with pytest.raises(RuntimeError, match="nonzero_static: " + message):
+        torch_masked.nonzero_static(x, size=2)
+    x8 = misaligned(torch.tensor([0, 1, 0, 2], dtype=torch.float64))
+    assert torch_masked.nonzero(x8).tolist() == [[1], [3]]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -15,6 +15,7 @@ from tests.common import (
     OTHER_DEVICES,
     assert_forward_ad_refused,
     device_name,
+    misaligned,
     non_contiguous,
 )
 
@@ -519,6 +520,9 @@ def check_out_of_bounds_errors(device):
     indices = torch.tensor([[[0], [1]], [[9], [-2]]], device=device)
     with pytest.raises(IndexError, match=r"got \[9\] at indices\[1, 0\]"):
         torch_masked.scatter_nd(indices, torch.ones(2, 2, device=device), [3])
+    # A single (rank-1) index is the whole of indices.
+    with pytest.raises(IndexError, match=r"got \[1, 5\] at indices \(5 is out of range for dimension 1 of size 3\)"):
+        torch_masked.scatter_nd(torch.tensor([1, 5], device=device), torch.ones((), device=device), [4, 3])
     # The device (and the CUDA context) is fine afterwards.
     assert torch_masked.scatter_nd(torch.tensor([[1]], device=device), torch.ones(1, device=device), [3]).tolist() == [0, 1, 0]
 
@@ -562,8 +566,28 @@ def test_shape_and_dtype_errors(device):
         torch_masked.tensor_scatter_nd_add(torch.zeros(3, dtype=torch.float64, device=device), idx, upd)
     with pytest.raises(RuntimeError, match=r"scatter_nd: expected non-negative sizes in shape, got \[3, -1\]"):
         torch.ops.masked.scatter_nd(idx, torch.ones(2, 0, device=device), [3, -1])
-    with pytest.raises(TypeError, match=r"expected updates of a numeric or bool dtype other than uint16/uint32/uint64"):
-        torch_masked.scatter_nd(idx, upd.to(torch.uint16), [3])
+    for dtype in [torch.uint16, torch.float8_e4m3fn]:
+        with pytest.raises(TypeError, match=r"expected updates of dtype bool, uint8, int8, int16, int32, int64, float16, "
+                                            rf"bfloat16, float32, float64, complex64 or complex128, got {dtype}"):
+            torch_masked.scatter_nd(idx, upd.to(dtype), [3])
+    with pytest.raises(TypeError, match=r"scatter_nd: expected shape of integers, got \[3.0\]"):
+        torch_masked.scatter_nd(idx, upd, [3.0])
+
+
+def test_misaligned_complex128_is_refused():
+    # torch's own kernels fault on such a tensor (index_add_, clone() too).
+    indices = torch.tensor([[0], [2]])
+    values = misaligned(torch.ones(2, dtype=torch.complex128))
+    message = r"with data aligned to its element size, 16 bytes, got an address 8 bytes past a multiple of 16"
+    with pytest.raises(RuntimeError, match="scatter_nd: expected updates " + message):
+        torch_masked.scatter_nd(indices, values, [3])
+    with pytest.raises(RuntimeError, match="tensor_scatter_nd_add: expected tensor " + message):
+        torch_masked.tensor_scatter_nd_add(misaligned(torch.ones(3, dtype=torch.complex128)), indices,
+                                          torch.ones(2, dtype=torch.complex128))
+    with pytest.raises(RuntimeError, match="gather_nd: expected params " + message):
+        torch_masked.gather_nd(values, torch.tensor([[1]]))
+    # Elements of 8 bytes or fewer load unaligned on the CPU.
+    assert torch_masked.scatter_nd(indices, misaligned(torch.tensor([1.0, 2.0], dtype=torch.float64)), [3]).tolist() == [1, 0, 2]
 
 
 @pytest.mark.parametrize("other", OTHER_DEVICES)

@@ -1,6 +1,6 @@
 // Whether a call of one of our ops must go through Function::apply: grad
 // mode is on and one of its differentiable inputs requires grad, or one
-// carries a forward-mode tangent (which apply refuses with a clear error,
+// carries a forward-mode tangent (which apply refuses, "jvp is not implemented",
 // rather than dropping it). Function::apply builds the node, its context and
 // its saved values on every call, even when nothing will use them, and that
 // costs about as much as a small kernel; otherwise the op runs below

@@ -12,6 +12,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <vector>
+
 namespace torch_masked {
 namespace {
 
@@ -45,7 +47,13 @@ at::Tensor to_branch(at::Tensor grad, const c10::IValue& shape, const c10::IValu
   if (grad.is_complex() && !at::isComplexType(branch_dtype)) {
     grad = at::real(grad);
   }
-  return grad.sum_to_size_symint(shape.toSymIntVector()).to(branch_dtype);
+  const std::vector<c10::SymInt> branch_shape = shape.toSymIntVector();
+  // Summing a 0-d gradient to a 0-d branch would still add it to +0.0,
+  // turning -0.0 into +0.0; torch.where's gradient keeps the sign.
+  if (!(branch_shape.empty() && grad.dim() == 0)) {
+    grad = grad.sum_to_size_symint(branch_shape);
+  }
+  return grad.to(branch_dtype);
 }
 
 template <typename Op>

@@ -149,6 +149,7 @@ void write_chunk(const T* data, at::IntArrayRef sizes, int64_t begin, int64_t en
 template <typename Allocate>
 void nonzero_into(const char* op, const at::Tensor& self, const Allocate& allocate, int64_t max_rows) {
   check_nonzero_dtype(op, self.scalar_type());
+  check_element_aligned(op, "input", self);
   const at::Tensor input = self.contiguous();
   const int64_t n = input.numel();
   const std::vector<int64_t> sizes = input.dim() == 0 ? std::vector<int64_t>{1} : input.sizes().vec();

@@ -204,6 +204,7 @@ void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
   check_nonzero_dtype(op, self.scalar_type());
   MASKED_CHECK(self.dim() <= kMaxDims, op, ": expected a tensor of at most ", kMaxDims,
               " dimensions on CUDA, got ", self.dim());
+  check_element_aligned(op, "input", self);
   const c10::cuda::CUDAGuard guard(self.device());
   const at::Tensor input = self.contiguous();
   if (input.numel() == 0) {

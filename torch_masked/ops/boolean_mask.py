@@ -23,6 +23,11 @@ def _masked_view(op, shape_name, shape, mask, axis):
         lambda: f"{op}: expected mask of dtype torch.bool, got {mask.dtype}",
     )
     rank = len(shape)
+    for size in shape:
+        torch._check_value(
+            size >= 0,
+            lambda: f"{op}: expected non-negative sizes in {shape_name}, got {shape_name}={_shape_str(shape)}",
+        )
     mask_dims = mask.dim()
     torch._check_value(mask_dims >= 1, lambda: f"{op}: expected mask of rank >= 1, got a 0-d mask")
     torch._check_value(
@@ -37,7 +42,7 @@ def _masked_view(op, shape_name, shape, mask, axis):
     torch._check_value(
         start + mask_dims <= rank,
         lambda: f"{op}: expected axis + mask.dim() <= {rank} (the rank of {shape_name}), "
-        f"got axis={axis} and mask.dim()={mask_dims}",
+        f"got axis={axis}{f' (dimension {start})' if axis < 0 else ''} and mask.dim()={mask_dims}",
     )
     for size, mask_size in zip(shape[start : start + mask_dims], mask.shape):
         torch._check_value(

@@ -5,6 +5,8 @@ kernels and the front doors ``torch_masked.scatter_nd``, ``gather_nd`` and
 Each backward is one of the other two ops (scatter <-> gather), in
 csrc/autograd/scatter_nd_autograd.cpp.
 """
+import numbers
+
 import torch
 
 from ._checks import check, check_same_device
@@ -58,8 +60,8 @@ def _check_scatter(op, tensor, indices, updates, shape):
     depth = _check_indices(op, indices, shape, shape_name)
     torch._check_type(
         updates.dtype in ADDABLE_DTYPES,
-        lambda: f"{op}: expected updates of a numeric or bool dtype other than uint16/uint32/uint64, "
-        f"got {updates.dtype}",
+        lambda: f"{op}: expected updates of dtype bool, uint8, int8, int16, int32, int64, float16, bfloat16, "
+        f"float32, float64, complex64 or complex128, got {updates.dtype}",
     )
     if tensor is not None:
         torch._check_type(
@@ -140,6 +142,9 @@ def scatter_nd(indices, updates, shape, *, check_bounds=True):
         updates = _as_tensor(updates, indices.device)
     if isinstance(shape, torch.Tensor):
         shape = shape.tolist()
+    if not all(isinstance(size, (numbers.Integral, torch.SymInt)) for size in shape):
+        # The op's own refusal of a float size is a long pybind11 cast error.
+        raise TypeError(f"scatter_nd: expected shape of integers, got {list(shape)}")
     return _call(torch.ops.masked.scatter_nd.default, check_bounds, indices, updates, shape)
 
 

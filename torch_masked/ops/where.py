@@ -85,36 +85,16 @@ def _select_fake(condition, x, y):
 
 # Front doors.
 
-# Kinds in the order torch promotes them: bool < integer < floating < complex.
-def _kind_of_dtype(dtype):
-    if dtype == torch.bool:
-        return 0
-    if dtype.is_complex:
-        return 3
-    return 2 if dtype.is_floating_point else 1
-
-
-def _kind_of_number(value):
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, numbers.Integral):
-        return 1
-    return 2 if isinstance(value, numbers.Real) else 3
-
-
-# A complex number next to a floating tensor keeps the tensor's precision.
-_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
-
-
 def _as_tensor(value, partner, device):
     """`value` as a tensor on `device`.
 
-    A Python number becomes a 0-d tensor that promotes as torch.where's
-    wrapped numbers do (a plain 0-d tensor of the default dtype would not:
-    ``where(c, half_0d, 2.0)`` would come out float32): it takes the dtype of
-    a tensor `partner` of the same or a higher kind, the complex type of a
-    floating partner's precision, else torch's default dtype for its kind.
-    Anything else (nested lists, NumPy arrays) goes through torch.as_tensor.
+    A number next to a tensor `partner` becomes a 0-d tensor of the dtype
+    torch.where gives the pair, torch.result_type(partner, value), so that it
+    promotes as torch.where's wrapped numbers do (a plain 0-d tensor of the
+    default dtype would not: ``where(c, half_0d, 2.0)`` would come out
+    float32). A number without a tensor partner takes torch's default dtype
+    for its kind. Anything else (nested lists, NumPy arrays) goes through
+    torch.as_tensor.
 
     Numbers become tensors through torch.full: a fill on the device, where
     torch.tensor would copy from the host, and on CUDA wait for the copy.
@@ -122,10 +102,7 @@ def _as_tensor(value, partner, device):
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, numbers.Number) and isinstance(partner, torch.Tensor):
-        if _kind_of_number(value) <= _kind_of_dtype(partner.dtype):
-            return torch.full((), value, dtype=partner.dtype, device=device)
-        if _kind_of_number(value) == 3 and partner.dtype in _COMPLEX_OF:
-            return torch.full((), value, dtype=_COMPLEX_OF[partner.dtype], device=device)
+        return torch.full((), value, dtype=torch.result_type(partner, value), device=device)
     if type(value) in (bool, int, float, complex):  # torch.full infers the dtype as torch.as_tensor does
         return torch.full((), value, device=device)
     return torch.as_tensor(value, device=device)
