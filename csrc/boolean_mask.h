@@ -43,10 +43,6 @@ inline MaskedView masked_view(
   MASKED_CHECK_TYPE(mask.scalar_type() == at::kBool, op, ": expected mask of dtype torch.bool, got ",
                    dtype_name(mask.scalar_type()));
   const int64_t rank = static_cast<int64_t>(shape.size());
-  for (const int64_t size : shape) {
-    MASKED_CHECK_VALUE(size >= 0, op, ": expected non-negative sizes in ", shape_name, ", got ", shape_name, "=",
-                      shape);
-  }
   const int64_t mask_dims = mask.dim();
   MASKED_CHECK_VALUE(mask_dims >= 1, op, ": expected mask of rank >= 1, got a 0-d mask");
   MASKED_CHECK_VALUE(mask_dims <= rank, op, ": expected mask.dim() <= ", rank, " (the rank of ", shape_name,
@@ -83,10 +79,15 @@ inline int64_t widest_unit_bytes(int64_t slice_bytes, std::initializer_list<cons
   return 1;
 }
 
-// The checks of masked::boolean_mask_backward beyond those on mask: grad has
-// the forward result's shape, shape[:axis] + [n] + shape[axis+K:], n printed
-// as "n" since only the kernels know it.
+// The checks of masked::boolean_mask_backward beyond those on mask: sizes of
+// input_shape are not negative (a tensor's shape, in the forward, never is),
+// and grad has the forward result's shape, shape[:axis] + [n] +
+// shape[axis+K:], n printed as "n" since only the kernels know it.
 inline void check_masked_grad(const at::Tensor& grad, at::IntArrayRef input_shape, const MaskedView& view) {
+  for (const int64_t size : input_shape) {
+    MASKED_CHECK_VALUE(size >= 0, "boolean_mask_backward: expected non-negative sizes in input_shape, got input_shape=",
+                      input_shape);
+  }
   const auto expected = view.masked_shape(input_shape, -1);
   bool same = grad.dim() == static_cast<int64_t>(expected.size());
   for (int64_t d = 0; same && d < grad.dim(); ++d) {

@@ -23,11 +23,6 @@ def _masked_view(op, shape_name, shape, mask, axis):
         lambda: f"{op}: expected mask of dtype torch.bool, got {mask.dtype}",
     )
     rank = len(shape)
-    for size in shape:
-        torch._check_value(
-            size >= 0,
-            lambda: f"{op}: expected non-negative sizes in {shape_name}, got {shape_name}={_shape_str(shape)}",
-        )
     mask_dims = mask.dim()
     torch._check_value(mask_dims >= 1, lambda: f"{op}: expected mask of rank >= 1, got a 0-d mask")
     torch._check_value(
@@ -65,6 +60,12 @@ def _boolean_mask_fake(tensor, mask, axis=0):
 def _boolean_mask_backward_fake(grad, mask, input_shape, axis):
     check_same_device("boolean_mask_backward", grad=grad, mask=mask)
     start, mask_dims = _masked_view("boolean_mask_backward", "input_shape", input_shape, mask, axis)
+    for size in input_shape:
+        torch._check_value(
+            size >= 0,
+            lambda: "boolean_mask_backward: expected non-negative sizes in input_shape, "
+            f"got input_shape={_shape_str(input_shape)}",
+        )
     expected = [*input_shape[:start], None, *input_shape[start + mask_dims :]]
 
     def message():
