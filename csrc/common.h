@@ -164,7 +164,7 @@ struct NonzeroBits<Bytes16> {
 
 // "Non-zero" means nothing for a dtype without a zero (float8_e8m0fnu) or
 // with two values to an element (float4_e2m1fn_x2).
-// torch_masked/ops/nonzero.py:_check_dtype prints the same words.
+// torch_masked/ops/nonzero.py:_check_input prints the same words.
 inline void check_nonzero_dtype(const char* op, at::ScalarType dtype) {
   MASKED_CHECK_TYPE(dtype != at::kFloat8_e8m0fnu && dtype != at::kFloat4_e2m1fn_x2, op,
                     ": expected a dtype with a zero value and one value per element, got ", dtype_name(dtype));

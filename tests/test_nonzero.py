@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
 import torch_masked
@@ -197,6 +198,32 @@ def test_misaligned_inputs():
         torch_masked.nonzero_static(x, size=2)
     x8 = misaligned(torch.tensor([0, 1, 0, 2], dtype=torch.float64))
     assert torch_masked.nonzero(x8).tolist() == [[1], [3]]
+
+
+def _refuses_more_than_25_dimensions(x):
+    message = r"expected a tensor of at most 25 dimensions on CUDA, got 26"
+    with pytest.raises(RuntimeError, match="nonzero: " + message):
+        torch_masked.nonzero(x)
+    with pytest.raises(RuntimeError, match="nonzero_tuple: " + message):
+        torch_masked.nonzero(x, as_tuple=True)
+    for size in (0, 2):  # also where no element needs reading
+        with pytest.raises(RuntimeError, match="nonzero_static: " + message):
+            torch_masked.nonzero_static(x, size=size)
+
+
+def test_more_than_25_dimensions():
+    """Taken on the CPU; refused on CUDA, as by ATen's CUDA nonzero (and by
+    the fake kernels for CUDA tensors, which need no GPU)."""
+    x = torch.ones([1] * 26)
+    assert torch_masked.nonzero(x).tolist() == [[0] * 26]
+    assert torch_masked.nonzero_static(x, size=2).tolist() == [[0] * 26, [-1] * 26]
+    with FakeTensorMode():
+        _refuses_more_than_25_dimensions(torch.ones([1] * 26, device="cuda"))
+
+
+@pytest.mark.cuda
+def test_more_than_25_dimensions_on_cuda():
+    _refuses_more_than_25_dimensions(torch.ones([1] * 26, device="cuda"))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -197,14 +197,19 @@ IndexColumns row_major_columns(const at::Tensor& input, const at::Tensor& result
   return out;
 }
 
-// Runs fn(input, nonzero_bits, stream) on the contiguous input, on its
-// device, unless it is empty.
-template <typename Fn>
-void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
+// What every input must be, whether or not its elements are read.
+void check_input(const char* op, const at::Tensor& self) {
   check_nonzero_dtype(op, self.scalar_type());
   MASKED_CHECK(self.dim() <= kMaxDims, op, ": expected a tensor of at most ", kMaxDims,
               " dimensions on CUDA, got ", self.dim());
   check_element_aligned(op, "input", self);
+}
+
+// Runs fn(input, nonzero_bits, stream) on the contiguous input, on its
+// device, unless it is empty.
+template <typename Fn>
+void with_input(const char* op, const at::Tensor& self, const Fn& fn) {
+  check_input(op, self);
   const c10::cuda::CUDAGuard guard(self.device());
   const at::Tensor input = self.contiguous();
   if (input.numel() == 0) {
@@ -252,11 +257,10 @@ std::vector<at::Tensor> nonzero_tuple_cuda(const at::Tensor& self) {
 
 at::Tensor nonzero_static_cuda(const at::Tensor& self, int64_t size, int64_t fill_value) {
   MASKED_CHECK_VALUE(size >= 0, "nonzero_static: expected size >= 0, got size=", size);
-  // Here, not only in with_input: the early return below must refuse it too.
-  check_nonzero_dtype("nonzero_static", self.scalar_type());
   // Rows past the last non-zero element keep fill_value.
   const at::Tensor result = at::full({size, self.dim()}, fill_value, self.options().dtype(at::kLong));
   if (size == 0 || self.dim() == 0) {
+    check_input("nonzero_static", self);  // refused alike where no element needs reading
     return result;
   }
   with_input("nonzero_static", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {

@@ -15,11 +15,19 @@ from ._checks import check_same_device
 _DTYPES_WITHOUT_NONZERO = {getattr(torch, name) for name in ("float8_e8m0fnu", "float4_e2m1fn_x2") if hasattr(torch, name)}
 
 
-def _check_dtype(op, input):
-    # csrc/common.h:check_nonzero_dtype prints the same words.
+# The most dimensions a CUDA input may have (as ATen's CUDA nonzero).
+_MAX_CUDA_DIMS = 25
+
+
+def _check_input(op, input):
+    # csrc/common.h:check_nonzero_dtype and csrc/cuda/nonzero_kernel.cu:check_input print the same words.
     torch._check_type(
         input.dtype not in _DTYPES_WITHOUT_NONZERO,
         lambda: f"{op}: expected a dtype with a zero value and one value per element, got {input.dtype}",
+    )
+    torch._check(
+        input.device.type != "cuda" or input.dim() <= _MAX_CUDA_DIMS,
+        lambda: f"{op}: expected a tensor of at most {_MAX_CUDA_DIMS} dimensions on CUDA, got {input.dim()}",
     )
 
 
@@ -30,14 +38,14 @@ def _index_count(input):
 
 @torch.library.register_fake("masked::nonzero")
 def _nonzero_fake(input):
-    _check_dtype("nonzero", input)
+    _check_input("nonzero", input)
     # Row-major contiguous, as the CPU and CUDA kernels write it.
     return input.new_empty((_index_count(input), input.dim()), dtype=torch.long)
 
 
 @torch.library.register_fake("masked::nonzero_tuple")
 def _nonzero_tuple_fake(input):
-    _check_dtype("nonzero_tuple", input)
+    _check_input("nonzero_tuple", input)
     count = _index_count(input)
     # A 0-d input is treated as 1-D with one element.
     return [input.new_empty((count,), dtype=torch.long) for _ in range(max(input.dim(), 1))]
@@ -45,7 +53,7 @@ def _nonzero_tuple_fake(input):
 
 @torch.library.register_fake("masked::nonzero_static")
 def _nonzero_static_fake(input, *, size, fill_value=-1):
-    _check_dtype("nonzero_static", input)
+    _check_input("nonzero_static", input)
     torch._check_value(size >= 0, lambda: f"nonzero_static: expected size >= 0, got size={size}")
     return input.new_empty((size, input.dim()), dtype=torch.long)
 
