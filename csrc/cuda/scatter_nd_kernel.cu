@@ -68,7 +68,11 @@ __device__ inline void note_bad_row(int64_t* first_bad, int64_t row) {
 }
 
 // Adds v to a 1- or 2-byte value through a compare-and-swap on the aligned
-// 32-bit word that holds it.
+// 32-bit word that holds it. For the last elements of an output whose size
+// is not a multiple of 4 bytes that word reaches past the tensor, but not
+// past its allocation (the caching allocator hands out whole multiples of
+// 512 bytes, and the output is always a fresh one), and the other bytes are
+// written back as they were.
 template <typename T>
 __device__ void atomic_add_in_word(T* address, T v) {
   static_assert(sizeof(T) <= 2, "sub-word types only");
@@ -93,7 +97,8 @@ __device__ void atomic_add_in_word(T* address, T v) {
 template <typename T>
 __device__ inline void atomic_accumulate(T* address, T v) {
   if constexpr (std::is_same_v<T, bool>) {
-    // OR the byte's 0/1 into its word.
+    // OR the byte's 0/1 into its word (which may reach past the tensor, as
+    // in atomic_add_in_word).
     if (v) {
       const uintptr_t addr = reinterpret_cast<uintptr_t>(address);
       atomicOr(reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3}), 1u << ((addr & 3) * 8));
