@@ -198,6 +198,7 @@ IndexColumns row_major_columns(const at::Tensor& input, const at::Tensor& result
 }
 
 // What every input must be, whether or not its elements are read.
+// torch_masked/ops/nonzero.py:_check_input prints the same words.
 void check_input(const char* op, const at::Tensor& self) {
   check_nonzero_dtype(op, self.scalar_type());
   MASKED_CHECK(self.dim() <= kMaxDims, op, ": expected a tensor of at most ", kMaxDims,
