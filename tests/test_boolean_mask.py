@@ -398,3 +398,36 @@ def test_compiled_training_step(device, dynamic):
             grads.append((loss.detach(), inputs[0].grad, inputs[1].grad))
         for eager, compiled_value in zip(*grads):
             torch.testing.assert_close(compiled_value, eager)
+
+
+def mask_of_selection(x, mask, second_mask):
+    """boolean_mask of a selection by a mask that is itself a selection: to a
+    trace, the two lengths are unrelated sizes known only at run time."""
+    return torch_masked.boolean_mask(torch_masked.boolean_mask(x, mask), torch_masked.boolean_mask(second_mask, mask))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_with_data_dependent_sizes(dynamic):
+    torch._dynamo.reset()
+    compiled = torch.compile(mask_of_selection, fullgraph=True, dynamic=dynamic)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        x = torch.randn(6, 5, 3, requires_grad=True)
+        mask, second_mask = random_mask((6, 5), "cpu"), random_mask((6, 5), "cpu")
+        result = compiled(x, mask, second_mask)
+        (grad,) = torch.autograd.grad(result.square().sum(), x)
+        both = mask & second_mask
+        torch.testing.assert_close(result, x[both])
+        torch.testing.assert_close(grad, torch.where(both[..., None], 2 * x, 0.0))
+
+
+def test_compiled_mismatched_data_dependent_sizes_raise():
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda x, mask, other: torch_masked.boolean_mask(torch_masked.boolean_mask(x, mask), other), fullgraph=True
+    )
+    x = torch.arange(4.0)
+    mask = torch.tensor([True, False, True, True])
+    torch.testing.assert_close(compiled(x, mask, torch.tensor([False, True, True])), torch.tensor([2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"expected mask.shape to equal tensor.shape\[0:1\], got mask.shape=\[2\]"):
+        compiled(x, mask, torch.tensor([True, False]))

@@ -724,6 +724,57 @@ def test_compiled_training_step(dynamic):
         torch.testing.assert_close(weight.grad, expected_grad)
 
 
+def move_selected(x, mask, weight):
+    """TensorFlow's way of moving the selected elements: indices from
+    where(mask), values from boolean_mask, both of a data-dependent length
+    that the fake kernels only know as two unrelated unbacked sizes."""
+    indices = torch_masked.where(mask)
+    values = torch_masked.boolean_mask(x, mask) * weight
+    moved = torch_masked.scatter_nd(indices, values, mask.shape)
+    return torch_masked.tensor_scatter_nd_add(x, indices, torch_masked.gather_nd(moved, indices))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_with_data_dependent_sizes(dynamic):
+    torch._dynamo.reset()
+    compiled = torch.compile(move_selected, fullgraph=True, dynamic=dynamic)
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.tensor(3.0)
+    for density in (0.3, 0.7):
+        x = torch.randn(5, 6, generator=gen, requires_grad=True)
+        mask = torch.rand(5, 6, generator=gen) < density
+        result = compiled(x, mask, weight)
+        (grad,) = torch.autograd.grad(result.sum(), x)
+        torch.testing.assert_close(result, x + torch.where(mask, x * weight, 0.0))
+        torch.testing.assert_close(grad, torch.where(mask, 1.0 + weight, 1.0))
+
+
+def test_exported_with_data_dependent_sizes():
+    class MoveSelected(torch.nn.Module):
+        def forward(self, x, mask):
+            return move_selected(x, mask, 3.0)
+
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(4, 7, generator=gen)
+    program = torch.export.export(MoveSelected(), (x, torch.rand(4, 7, generator=gen) < 0.5))
+    for density in (0.0, 0.2, 0.9):
+        mask = torch.rand(4, 7, generator=gen) < density
+        torch.testing.assert_close(program.module()(x, mask), x + torch.where(mask, x * 3.0, 0.0))
+
+
+def test_compiled_mismatched_data_dependent_sizes_raise():
+    def scatter_other_mask(x, index_mask, value_mask):
+        return torch_masked.scatter_nd(torch_masked.where(index_mask), torch_masked.boolean_mask(x, value_mask), x.shape)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(scatter_other_mask, fullgraph=True)
+    x = torch.arange(6.0)
+    index_mask = torch.tensor([True, False, True, False, False, False])
+    torch.testing.assert_close(compiled(x, index_mask, index_mask.flip(0)), torch.tensor([3.0, 0, 5, 0, 0, 0]))
+    with pytest.raises(RuntimeError, match="expected updates of shape"):
+        compiled(x, index_mask, ~index_mask)
+
+
 def bad_calls():
     """Calls that fail before any data is read, so the fake kernels must fail alike."""
     ops = torch.ops.masked

@@ -561,3 +561,40 @@ def test_compile_training_step(device, dynamic):
         for eager, compiled_value in zip(*grads):
             torch.testing.assert_close(compiled_value, eager)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def selection_of_selections(op, condition, x, y, mask):
+    """where or select over three boolean_mask selections: to a trace, their
+    lengths are three unrelated sizes known only at run time."""
+    return op(*(torch_masked.boolean_mask(t, mask) for t in (condition, x, y)))
+
+
+@pytest.mark.parametrize("op", [torch_masked.where, torch_masked.select], ids=["where", "select"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_with_data_dependent_sizes(op, dynamic):
+    torch._dynamo.reset()
+    compiled = torch.compile(selection_of_selections, fullgraph=True, dynamic=dynamic)
+    for seed in (0, 1):
+        condition, mask = random_condition((7, 4), "cpu", seed), random_condition((7,), "cpu", seed + 1)
+        x = torch.randn(7, 4, generator=gen(seed), requires_grad=True)
+        y = torch.randn(7, 4, generator=gen(seed + 2), requires_grad=True)
+        result = compiled(op, condition, x, y, mask)
+        x_grad, y_grad = torch.autograd.grad(result.sum(), (x, y))
+        torch.testing.assert_close(result, torch.where(condition, x, y)[mask])
+        torch.testing.assert_close(x_grad, (condition & mask[:, None]).float())
+        torch.testing.assert_close(y_grad, (~condition & mask[:, None]).float())
+        if op is torch_masked.select:  # whole rows
+            rows = compiled(op, condition[:, 0], x, y, mask)
+            torch.testing.assert_close(rows, torch.where(condition[:, :1], x, y)[mask])
+
+
+def test_compiled_select_mismatched_data_dependent_sizes_raise():
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda c, x, y, mask, other: torch_masked.select(c, torch_masked.boolean_mask(x, mask), torch_masked.boolean_mask(y, other)),
+        fullgraph=True,
+    )
+    c, x, mask = torch.tensor(True), torch.arange(4.0), torch.tensor([True, False, True, False])
+    torch.testing.assert_close(compiled(c, x, -x, mask, mask.flip(0)), torch.tensor([0.0, 2.0]))
+    with pytest.raises(RuntimeError, match=r"expected x and y of the same shape, got x \[2\] and y \[3\]"):
+        compiled(c, x, -x, mask, torch.tensor([True, True, True, False]))

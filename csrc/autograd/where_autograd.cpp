@@ -22,8 +22,10 @@ using torch::autograd::variable_list;
 
 using SelectionSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&);
 
-// where.self broadcasts, so a 0-d zero serves every gradient.
+// where.self broadcasts, so a 0-d zero serves every gradient, and each
+// branch's gradient is summed back to the branch's shape.
 struct WhereSelf {
+  static constexpr bool kBroadcasts = true;
   static at::Tensor call(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("masked::where", "self").typed<SelectionSignature>();
@@ -32,8 +34,12 @@ struct WhereSelf {
   static at::Tensor zeros_for(const at::Tensor& grad) { return at::zeros({}, grad.options()); }
 };
 
-// select does not broadcast its branches: the zeros take the gradient's shape.
+// select does not broadcast its branches: the zeros and both branches have
+// the gradient's shape. Not summing to a saved shape also spares a trace
+// from comparing branch sizes known only at run time (selections by
+// boolean_mask), which it cannot.
 struct Select {
+  static constexpr bool kBroadcasts = false;
   static at::Tensor call(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("masked::select", "").typed<SelectionSignature>();
@@ -42,16 +48,20 @@ struct Select {
   static at::Tensor zeros_for(const at::Tensor& grad) { return at::zeros_like(grad); }
 };
 
-at::Tensor to_branch(at::Tensor grad, const c10::IValue& shape, const c10::IValue& dtype) {
+// The branch's gradient in its dtype and, where the op broadcasts
+// (`shape` given), summed back to its shape.
+at::Tensor to_branch(at::Tensor grad, const c10::IValue* shape, const c10::IValue& dtype) {
   const auto branch_dtype = static_cast<at::ScalarType>(dtype.toInt());
   if (grad.is_complex() && !at::isComplexType(branch_dtype)) {
     grad = at::real(grad);
   }
-  const std::vector<c10::SymInt> branch_shape = shape.toSymIntVector();
-  // Summing a 0-d gradient to a 0-d branch would still add it to +0.0,
-  // turning -0.0 into +0.0; torch.where's gradient keeps the sign.
-  if (!(branch_shape.empty() && grad.dim() == 0)) {
-    grad = grad.sum_to_size_symint(branch_shape);
+  if (shape != nullptr) {
+    const std::vector<c10::SymInt> branch_shape = shape->toSymIntVector();
+    // Summing a 0-d gradient to a 0-d branch would still add it to +0.0,
+    // turning -0.0 into +0.0; torch.where's gradient keeps the sign.
+    if (!(branch_shape.empty() && grad.dim() == 0)) {
+      grad = grad.sum_to_size_symint(branch_shape);
+    }
   }
   return grad.to(branch_dtype);
 }
@@ -62,9 +72,11 @@ class Selection : public torch::autograd::Function<Selection<Op>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& condition, const at::Tensor& x,
                             const at::Tensor& y) {
     ctx->save_for_backward({condition});
-    ctx->saved_data["x_shape"] = x.sym_sizes();
+    if constexpr (Op::kBroadcasts) {
+      ctx->saved_data["x_shape"] = x.sym_sizes();
+      ctx->saved_data["y_shape"] = y.sym_sizes();
+    }
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["y_shape"] = y.sym_sizes();
     ctx->saved_data["y_dtype"] = static_cast<int64_t>(y.scalar_type());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return Op::call(condition, x, y);
@@ -75,11 +87,12 @@ class Selection : public torch::autograd::Function<Selection<Op>> {
     const at::Tensor& grad = grads[0];
     const at::Tensor zeros = Op::zeros_for(grad);
     at::Tensor grad_x, grad_y;
+    const auto saved_shape = [&](const char* key) { return Op::kBroadcasts ? &ctx->saved_data[key] : nullptr; };
     if (ctx->needs_input_grad(1)) {
-      grad_x = to_branch(Op::call(condition, grad, zeros), ctx->saved_data["x_shape"], ctx->saved_data["x_dtype"]);
+      grad_x = to_branch(Op::call(condition, grad, zeros), saved_shape("x_shape"), ctx->saved_data["x_dtype"]);
     }
     if (ctx->needs_input_grad(2)) {
-      grad_y = to_branch(Op::call(condition, zeros, grad), ctx->saved_data["y_shape"], ctx->saved_data["y_dtype"]);
+      grad_y = to_branch(Op::call(condition, zeros, grad), saved_shape("y_shape"), ctx->saved_data["y_dtype"]);
     }
     return {at::Tensor(), grad_x, grad_y};
   }

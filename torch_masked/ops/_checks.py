@@ -2,6 +2,7 @@
 the same message, so that eager, fake and compiled calls fail alike."""
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 
 def check(cond, op, message):
@@ -15,3 +16,12 @@ def check_same_device(op, **tensors):
     if len(set(devices.values())) > 1:
         listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
         raise RuntimeError(f"{op}: expected all tensors on one device, got {listed}")
+
+
+def equal_or_unknown(size, other):
+    """size == other, or True where a trace cannot tell (a size known only at
+    run time, from nonzero or boolean_mask). The kernel compares such sizes
+    when it runs and fails with its own message; torch._check would instead
+    defer them to a run-time assert saying only 'Eq(u1, u0)'. Only for sizes
+    that the output's shape does not depend on."""
+    return guard_or_true(size == other)

@@ -9,7 +9,7 @@ import operator
 
 import torch
 
-from ._checks import check_same_device
+from ._checks import check_same_device, equal_or_unknown
 
 
 def _shape_str(shape):
@@ -41,7 +41,7 @@ def _masked_view(op, shape_name, shape, mask, axis):
     )
     for size, mask_size in zip(shape[start : start + mask_dims], mask.shape):
         torch._check_value(
-            size == mask_size,
+            equal_or_unknown(size, mask_size),
             lambda: f"{op}: expected mask.shape to equal {shape_name}[{start}:{start + mask_dims}], "
             f"got mask.shape={_shape_str(mask.shape)} and {shape_name}={_shape_str(shape)}",
         )
@@ -75,7 +75,7 @@ def _boolean_mask_backward_fake(grad, mask, input_shape, axis):
     torch._check_value(grad.dim() == len(expected), message)
     for size, grad_size in zip(expected, grad.shape):
         if size is not None:
-            torch._check_value(size == grad_size, message)
+            torch._check_value(equal_or_unknown(size, grad_size), message)
     return grad.new_empty(input_shape)
 
 

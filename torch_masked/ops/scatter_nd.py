@@ -9,7 +9,7 @@ import numbers
 
 import torch
 
-from ._checks import check, check_same_device
+from ._checks import check, check_same_device, equal_or_unknown
 
 # csrc/scatter_nd_index.h:kMaxIndexDepth
 MAX_INDEX_DEPTH = 25
@@ -69,12 +69,13 @@ def _check_scatter(op, tensor, indices, updates, shape):
             lambda: f"{op}: expected updates of the dtype of tensor, {tensor.dtype}, got {updates.dtype}",
         )
     expected = _rows_shape(indices, shape, depth)
-    check(
-        updates.dim() == len(expected) and all(a == b for a, b in zip(updates.shape, expected)),
-        op,
+    message = (
         f"expected updates of shape indices.shape[:-1] + {shape_name}[K:] = {_shape_str(expected)}, got "
-        f"updates of shape {_shape_str(updates.shape)} (indices of shape {_shape_str(indices.shape)})",
+        f"updates of shape {_shape_str(updates.shape)} (indices of shape {_shape_str(indices.shape)})"
     )
+    check(updates.dim() == len(expected), op, message)
+    for size, wanted in zip(updates.shape, expected):
+        check(equal_or_unknown(size, wanted), op, message)
 
 
 @torch.library.register_fake("masked::scatter_nd")

@@ -10,7 +10,7 @@ import numbers
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ._checks import check, check_same_device
+from ._checks import check, check_same_device, equal_or_unknown
 
 # csrc/element_select.h: kMaxSelectDims.
 MAX_SELECT_DIMS = 25
@@ -52,7 +52,7 @@ def _check_shape(op, actual, expected, message):
     """actual == expected, axis by axis, so that unbacked sizes trace."""
     check(len(actual) == len(expected), op, message)
     for a, e in zip(actual, expected):
-        check(a == e, op, message)
+        check(equal_or_unknown(a, e), op, message)
 
 
 @torch.library.register_fake("masked::where.self")
@@ -76,7 +76,7 @@ def _select_fake(condition, x, y):
         f"got condition of shape {list(condition.shape)}"
     )
     if condition.dim() == 1 and x.dim() >= 1:  # rows (element-wise too, for a 1-D x)
-        check(condition.shape[0] == x.shape[0], "select", condition_message)
+        check(equal_or_unknown(condition.shape[0], x.shape[0]), "select", condition_message)
     elif condition.dim() > 0:
         _check_shape("select", condition.shape, x.shape, condition_message)
     _check_dims("select", x.dim())
