@@ -184,6 +184,35 @@ def test_where_python_scalar_promotes_like_torch(device, dtype, scalar, rank):
         assert_same(torch_masked.where(*args), expected)
 
 
+def test_where_python_numbers_follow_the_default_dtype():
+    condition = random_condition((3,), "cpu")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for dtype in (torch.bool, torch.int32, torch.float32):
+            x = make_tensor((3,), dtype, "cpu", generator=gen(1))
+            for number in (2.5, 1 + 2j):
+                assert_same(torch_masked.where(condition, x, number), torch.where(condition, x, number))
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.float16, torch.float64, torch.complex64])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_where_python_numbers_compile_without_graph_breaks(dtype, rank):
+    # torch.compile cannot trace torch.result_type, so the front door works the
+    # number's dtype out itself; numbers written in the code and passed in.
+    torch._dynamo.reset()
+    literal = torch.compile(lambda c, x: (torch_masked.where(c, x, 0.5), torch_masked.where(c, 2, x)), fullgraph=True)
+    passed = torch.compile(lambda c, x, number: torch_masked.where(c, x, number), fullgraph=True, dynamic=True)
+    condition = random_condition((3,), "cpu")
+    x = make_tensor((3,) if rank else (), dtype, "cpu", generator=gen(1))
+    for actual, expected in zip(literal(condition, x), (torch.where(condition, x, 0.5), torch.where(condition, 2, x))):
+        assert_same(actual, expected)
+    for number in (True, 3, -2.5, 1.5, 1 + 2j):
+        assert_same(passed(condition, x, number), torch.where(condition, x, number))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, number", [(torch.float32, 1e40), (torch.uint8, 300)], ids=str)
 def test_where_number_that_does_not_fit_raises_like_torch(device, dtype, number):

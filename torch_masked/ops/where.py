@@ -85,6 +85,46 @@ def _select_fake(condition, x, y):
 
 # Front doors.
 
+# Kinds of numbers and dtypes, in the order of type promotion.
+_BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
+# torch pairs bfloat16 with bcomplex32 where it has that dtype.
+_BFLOAT16_COMPLEX = getattr(torch, "bcomplex32", torch.complex64)
+
+
+def _number_kind(number):
+    if isinstance(number, bool):
+        return _BOOL
+    if isinstance(number, int):
+        return _INTEGER
+    return _FLOATING if isinstance(number, float) else _COMPLEX
+
+
+def _dtype_kind(dtype):
+    if dtype == torch.bool:
+        return _BOOL
+    if dtype.is_complex:
+        return _COMPLEX
+    return _FLOATING if dtype.is_floating_point else _INTEGER
+
+
+def _dtype_with_number(dtype, number):
+    """torch.result_type(tensor of `dtype`, number) for a bool, int, float or
+    complex number, from what torch.compile can trace (it cannot trace
+    torch.result_type, whose result is a dtype). A number changes the tensor's dtype only when it is
+    of a higher kind, and then to its kind's default dtype or, a complex
+    number next to a floating tensor, to the complex dtype of that width."""
+    kind = _number_kind(number)
+    if kind <= _dtype_kind(dtype):
+        return dtype
+    if kind == _INTEGER:
+        return torch.int64
+    if kind == _FLOATING:
+        return torch.get_default_dtype()
+    if dtype == torch.bfloat16:
+        return _BFLOAT16_COMPLEX
+    return torch.promote_types(dtype if dtype.is_floating_point else torch.get_default_dtype(), torch.complex32)
+
+
 def _as_tensor(value, partner, device):
     """`value` as a tensor on `device`.
 
@@ -102,7 +142,11 @@ def _as_tensor(value, partner, device):
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, numbers.Number) and isinstance(partner, torch.Tensor):
-        return torch.full((), value, dtype=torch.result_type(partner, value), device=device)
+        if isinstance(value, (bool, int, float, complex)):
+            dtype = _dtype_with_number(partner.dtype, value)
+        else:  # NumPy's scalars, which torch promotes in its own ways
+            dtype = torch.result_type(partner, value)
+        return torch.full((), value, dtype=dtype, device=device)
     if type(value) in (bool, int, float, complex):  # torch.full infers the dtype as torch.as_tensor does
         return torch.full((), value, device=device)
     return torch.as_tensor(value, device=device)
