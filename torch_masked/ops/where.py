@@ -110,9 +110,10 @@ def _dtype_kind(dtype):
 def _dtype_with_number(dtype, number):
     """torch.result_type(tensor of `dtype`, number) for a bool, int, float or
     complex number, from what torch.compile can trace (it cannot trace
-    torch.result_type, whose result is a dtype). A number changes the tensor's dtype only when it is
-    of a higher kind, and then to its kind's default dtype or, a complex
-    number next to a floating tensor, to the complex dtype of that width."""
+    torch.result_type, whose result is a dtype). A number changes the
+    tensor's dtype only when it is of a higher kind, and then to its kind's
+    default dtype or, a complex number next to a floating tensor, to the
+    complex dtype of that width."""
     kind = _number_kind(number)
     if kind <= _dtype_kind(dtype):
         return dtype
