@@ -1,5 +1,7 @@
 """Shared parameters and helpers for the op tests."""
 
+import math
+
 import pytest
 import torch
 
@@ -70,3 +72,37 @@ def misaligned(values):
     t.view(torch.uint8).copy_(values.reshape(-1).view(torch.uint8))
     assert t.data_ptr() % 16 == 8
     return t
+
+
+def draw(generator, choices):
+    """One of `choices`, drawn with `generator`."""
+    return choices[int(torch.randint(len(choices), (), generator=generator))]
+
+
+def random_shape(generator, rank, sizes, max_numel=20_000):
+    """A shape of `rank` dimensions drawn from `sizes`, of at most `max_numel` elements."""
+    while True:
+        shape = tuple(draw(generator, sizes) for _ in range(rank))
+        if math.prod(shape) <= max_numel:
+            return shape
+
+
+def random_layout(t, generator):
+    """The values of `t` in a memory layout drawn at random: contiguous;
+    contiguous but a few elements into its storage (off the alignment that
+    vector loads want); or strided, with its dimensions stored in a random
+    order and every other element along some of them. The kernels pick their
+    paths by layout; the values they give must not depend on it."""
+    kind = draw(generator, ["contiguous", "offset", "strided", "strided"])
+    if kind == "contiguous":
+        return t.clone()
+    dims = t.dim()
+    order = torch.randperm(dims, generator=generator).tolist() if kind == "strided" else list(range(dims))
+    steps = [draw(generator, [1, 2]) if kind == "strided" else 1 for _ in range(dims)]
+    offset = draw(generator, [1, 2, 3] if kind == "offset" else [0, 1, 3])
+    stored = [t.shape[d] * steps[d] for d in order]
+    storage = torch.zeros(offset + math.prod(stored), dtype=t.dtype, device=t.device)
+    view = storage[offset:].view(stored)[tuple(slice(None, None, steps[d]) for d in order)]
+    view = view.permute([order.index(d) for d in range(dims)])
+    view.copy_(t)
+    return view

@@ -13,9 +13,12 @@ from tests.common import (
     WIDE_UNSIGNED_DTYPES,
     assert_forward_ad_refused,
     device_name,
+    draw,
     make_tensor,
     misaligned,
     non_contiguous,
+    random_layout,
+    random_shape,
 )
 
 boolean_mask_op = torch.ops.masked.boolean_mask.default
@@ -140,6 +143,31 @@ def test_dtypes_and_layouts(device, dtype):
             assert_same(result, reference(tensor, mask, axis))
             grad = random_values(result.shape, dtype, device)
             assert_same(backward_op(grad, mask, shape, axis), backward_reference(grad, mask, shape, axis))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_shapes_axes_dtypes_and_layouts(device):
+    """Shapes, mask ranks, axes (either sign), densities, dtypes and memory
+    layouts of tensor, mask and gradient drawn at random agree with NumPy,
+    forward and backward (the kernels choose how to move slices by them)."""
+    torch.manual_seed(9)
+    g = torch.Generator().manual_seed(9)
+    for _ in range(150):
+        rank = draw(g, range(1, 6))
+        shape = random_shape(g, rank, (0, 1, 2, 3, 5, 8, 33, 600))
+        mask_dims = draw(g, range(1, rank + 1))
+        start = draw(g, range(rank - mask_dims + 1))
+        axis = draw(g, [start, start - rank])
+        dtype = draw(g, ALL_DTYPES)
+        tensor = random_values(shape, dtype, device)
+        mask = random_mask(shape[start : start + mask_dims], device, draw(g, [0.0, 0.05, 0.5, 0.95, 1.0]))
+        result = boolean_mask_op(random_layout(tensor, g), random_layout(mask, g), axis)
+        assert_same(result, reference(tensor, mask, axis))
+        grad = random_values(result.shape, dtype, device)
+        assert_same(
+            backward_op(random_layout(grad, g), random_layout(mask, g), list(shape), axis),
+            backward_reference(grad, mask, shape, axis),
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)

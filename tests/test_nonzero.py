@@ -11,9 +11,12 @@ from tests.common import (
     OTHER_DEVICES,
     WIDE_UNSIGNED_DTYPES,
     device_name,
+    draw,
     make_tensor,
     misaligned,
     non_contiguous,
+    random_layout,
+    random_shape,
 )
 
 SHAPES = [(), (0,), (1,), (7,), (3, 0, 2), (5, 6), (2, 3, 4), (2, 1, 3, 2), (2, 3, 1, 2, 3)]
@@ -148,6 +151,18 @@ def test_non_contiguous_inputs(device, dtype):
     for view in views:
         assert_matches_torch(view)
         torch.testing.assert_close(torch_masked.nonzero(view), torch_masked.nonzero(view.contiguous()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_shapes_dtypes_densities_and_layouts(device):
+    """Shapes, dtypes, densities and memory layouts drawn at random (the
+    kernels choose their paths by them) agree with torch.nonzero."""
+    g = torch.Generator().manual_seed(12)
+    for _ in range(120):
+        shape = random_shape(g, draw(g, range(6)), (0, 1, 2, 3, 7, 64, 333), max_numel=50_000)
+        dtype = draw(g, ALL_DTYPES)
+        x = make_tensor(shape, dtype, "cpu", density=draw(g, [0.0, 0.02, 0.5, 0.98, 1.0]), generator=g)
+        assert_matches_torch(random_layout(x.to(device), g))
 
 
 @pytest.mark.parametrize("device", DEVICES)

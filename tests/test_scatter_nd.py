@@ -3,6 +3,7 @@ ATen references (index_put_(accumulate=True), advanced indexing), NumPy's
 np.add.at and the tf.scatter_nd / tf.gather_nd reference examples."""
 import contextlib
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -15,8 +16,11 @@ from tests.common import (
     OTHER_DEVICES,
     assert_forward_ad_refused,
     device_name,
+    draw,
     misaligned,
     non_contiguous,
+    random_layout,
+    random_shape,
 )
 
 INDEX_DTYPES = [torch.int32, torch.int64]
@@ -505,6 +509,34 @@ def test_non_contiguous_inputs(device):
 
 def algorithms(deterministic):
     return deterministic_algorithms() if deterministic else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_shapes_depths_dtypes_and_layouts(device):
+    """Shapes, index depths, batch shapes, duplicate patterns, dtypes, index
+    dtypes and memory layouts drawn at random, in both algorithm modes (the
+    kernels choose their paths by them), agree with the references."""
+    g = torch.Generator().manual_seed(11)
+    for _ in range(120):
+        shape = random_shape(g, draw(g, range(5)), (0, 1, 2, 3, 5, 17, 64))
+        k = draw(g, range(len(shape) + 1))
+        index_dtype = draw(g, INDEX_DTYPES)
+        if 0 in shape[:k]:  # no index is in range of an empty dimension
+            indices = torch.zeros(0, k, dtype=index_dtype)
+        else:
+            slice_numel = math.prod(shape[k:])
+            batch = random_shape(g, draw(g, range(3)), (1, 3, 40, 300), max_numel=max(1, 50_000 // max(1, slice_numel)))
+            indices = random_indices(batch, shape, k, g, index_dtype, duplicates=draw(g, [True, False]))
+        dtype = draw(g, ALL_DTYPES)
+        updates = small_values(list(indices.shape[:-1]) + list(shape[k:]), dtype, g)
+        base = small_values(shape, dtype, g)
+        indices_d, updates_d, base_d = (random_layout(t.to(device), g) for t in (indices, updates, base))
+        with algorithms(draw(g, [False, True])):
+            scattered = torch_masked.scatter_nd(indices_d, updates_d, shape)
+            assert_scatter_matches(scattered, indices, updates, shape, loose=True)
+            added = torch_masked.tensor_scatter_nd_add(base_d, indices_d, updates_d)
+            assert_scatter_matches(added, indices, updates, shape, base, loose=True)
+            assert_same(torch_masked.gather_nd(base_d, indices_d), reference_gather(base, indices))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -14,9 +14,12 @@ from tests.common import (
     OTHER_DEVICES,
     assert_forward_ad_refused,
     device_name,
+    draw,
     make_tensor,
     misaligned,
     non_contiguous,
+    random_layout,
+    random_shape,
 )
 
 # where(condition) is a composite of masked::nonzero: its fake-tensor checks
@@ -135,6 +138,39 @@ def test_where_strided_inputs(device, layout):
     else:
         condition, x, y = condition.flatten()[1:], x.flatten()[1:], y[0, 0]
     assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
+
+
+# Sizes for shapes drawn at random: empty, size-1 (broadcast) and odd axes, and
+# rows long enough (64 and 301 elements) for the row-copying paths.
+RANDOM_SIZES = (0, 1, 1, 2, 3, 5, 64, 301)
+
+
+def broadcast_operand_shape(out_shape, g):
+    """A shape that broadcasts to out_shape: a few leading axes dropped, some
+    of the others set to 1."""
+    kept = out_shape[draw(g, range(len(out_shape) + 1)):]
+    return tuple(1 if draw(g, [True, False, False]) else size for size in kept)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_where_random_shapes_dtypes_and_layouts(device):
+    """Broadcast patterns, dtype pairs and memory layouts drawn at random (the
+    kernels choose vector, row or element-wise paths by them) agree with
+    torch.where on the CPU."""
+    g = gen(7)
+    for _ in range(150):
+        out_shape = random_shape(g, draw(g, range(5)), RANDOM_SIZES)
+        shapes = [broadcast_operand_shape(out_shape, g) for _ in range(3)]
+        x_dtype = draw(g, ALL_DTYPES)
+        y_dtype = draw(g, [x_dtype, x_dtype, draw(g, ALL_DTYPES)])
+        if {x_dtype, y_dtype} & {torch.float16, torch.bfloat16} and (x_dtype.is_complex or y_dtype.is_complex):
+            y_dtype = x_dtype  # 0-d pairs could make the experimental complex32 types
+        condition = torch.rand(shapes[0], generator=g) < 0.5
+        x = make_tensor(shapes[1], x_dtype, "cpu", generator=g)
+        y = make_tensor(shapes[2], y_dtype, "cpu", generator=g)
+        expected = torch.where(condition, x, y)
+        laid_out = [random_layout(t.to(device), g) for t in (condition, x, y)]
+        assert_same(torch_masked.where(*laid_out).cpu(), expected)
 
 
 PROMOTIONS = [
@@ -316,6 +352,24 @@ def test_select_rows_of_a_slice(device):
     condition = random_condition((50,), device)
     assert_same(torch_masked.select(condition, x, y), torch.where(condition[:, None], x, y))
     assert_same(torch_masked.where(condition[:, None], x, y[0]), torch.where(condition[:, None], x, y[0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_random_shapes_dtypes_and_layouts(device):
+    """Scalar, element-wise and row conditions over shapes, dtypes and memory
+    layouts drawn at random agree with torch.where on the CPU."""
+    g = gen(8)
+    for _ in range(120):
+        shape = random_shape(g, draw(g, range(5)), RANDOM_SIZES)
+        dtype = draw(g, ALL_DTYPES)
+        condition_shape = draw(g, [(), shape, shape[:1]])
+        condition = torch.rand(condition_shape, generator=g) < 0.5
+        x = make_tensor(shape, dtype, "cpu", generator=g)
+        y = make_tensor(shape, dtype, "cpu", generator=g)
+        column = condition.reshape(condition.shape + (1,) * (x.dim() - condition.dim()))
+        expected = torch.where(column, x, y)
+        laid_out = [random_layout(t.to(device), g) for t in (condition, x, y)]
+        assert_same(torch_masked.select(*laid_out).cpu(), expected)
 
 
 @pytest.mark.parametrize("device", DEVICES)
