@@ -512,6 +512,41 @@ def test_select_gradcheck(device, c_shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_gradients_random_shapes_dtypes_and_layouts(device):
+    """Gradients of where (broadcast patterns drawn at random) and select (row,
+    element-wise and scalar conditions), with floating and complex branches of
+    mixed dtypes in random memory layouts, equal torch.where's: each summed
+    back to its branch's shape and cast to its dtype. (torch.where's own
+    backward fails for a real branch of a complex result; that case is
+    test_gradient_to_real_branch_of_complex_result.)"""
+    g = gen(10)
+    for _ in range(80):
+        dtypes = draw(g, [[torch.float32, torch.float64], [torch.complex64, torch.complex128]])
+        out_shape = random_shape(g, draw(g, range(4)), (1, 1, 2, 3, 5, 64), max_numel=2000)
+        use_select = draw(g, [False, True])
+        if use_select:
+            shapes = [draw(g, [(), out_shape, out_shape[:1]]), out_shape, out_shape]
+        else:
+            shapes = [broadcast_operand_shape(out_shape, g) for _ in range(3)]
+        condition = torch.rand(shapes[0], generator=g) < 0.5
+        x = make_tensor(shapes[1], draw(g, dtypes), "cpu", generator=g).requires_grad_()
+        y = make_tensor(shapes[2], draw(g, dtypes), "cpu", generator=g).requires_grad_()
+        if use_select:
+            expected_out = torch.where(condition.reshape(condition.shape + (1,) * (x.dim() - condition.dim())), x, y)
+        else:
+            expected_out = torch.where(condition, x, y)
+        upstream = make_tensor(expected_out.shape, expected_out.dtype, "cpu", generator=g)
+        expected = torch.autograd.grad(expected_out, (x, y), upstream)
+        laid_out = [random_layout(t.detach().to(device), g).requires_grad_() for t in (x, y)]
+        op = torch_masked.select if use_select else torch_masked.where
+        out = op(random_layout(condition.to(device), g), *laid_out)
+        actual = torch.autograd.grad(out, laid_out, random_layout(upstream.to(device), g))
+        for a, e in zip(actual, expected):
+            assert a.dtype == e.dtype and a.shape == e.shape
+            torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_forward_mode_ad_is_refused(device):
     c = torch.tensor([True, False, True], device=device)
     y = torch.zeros(3, device=device)
