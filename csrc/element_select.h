@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/result_type.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
@@ -150,7 +151,8 @@ inline Selection make_selection(const char* op, const at::Tensor& condition, con
   check_element_aligned(op, "x", x);
   check_element_aligned(op, "y", y);
   const at::ScalarType dtype = at::result_type(x, y);
-  Selection s{condition, x.to(dtype), y.to(dtype), uninitialized(shape, x.options().dtype(dtype)), {}};
+  // On the condition's device: x or y may be a number held on the host.
+  Selection s{condition, x.to(dtype), y.to(dtype), uninitialized(shape, condition.options().dtype(dtype)), {}};
   const at::Tensor* operands[kNumSelectOperands] = {&s.condition, &s.x, &s.y};
   s.geometry = select_geometry(shape, operands);
   return s;
@@ -162,6 +164,21 @@ inline Selection prepare_where(const at::Tensor& condition, const at::Tensor& x,
   check_condition_dtype("where", condition);
   const std::vector<int64_t> shape = broadcast_select_shape(condition, x, y);
   return make_selection("where", condition, x, y, shape);
+}
+
+// masked::where.ScalarSelf (number_is_x) and where.ScalarOther: the number as
+// a 0-d tensor on the host, of the dtype torch.where gives the pair (the
+// number promotes as a wrapped number: where(c, half_tensor, 2.0) stays
+// half). The CPU kernels read it as any 0-d operand; the CUDA kernels take
+// its value as a kernel argument.
+inline Selection prepare_where_number(const at::Tensor& condition, const at::Tensor& tensor,
+                                      const at::Scalar& number, bool number_is_x) {
+  check_same_device("where", {{"condition", &condition}, {number_is_x ? "y" : "x", &tensor}});
+  check_condition_dtype("where", condition);
+  const at::Tensor value = at::scalar_tensor(number, at::TensorOptions(at::result_type(tensor, number)));
+  const at::Tensor& x = number_is_x ? value : tensor;
+  const at::Tensor& y = number_is_x ? tensor : value;
+  return make_selection("where", condition, x, y, broadcast_select_shape(condition, x, y));
 }
 
 // masked::select: x and y of one shape; condition a scalar, of x's shape, or

@@ -24,6 +24,11 @@ TORCH_LIBRARY(masked, m) {
   // where: the index mode (tf.where(condition)) and the broadcasting select.
   m.def("where(Tensor condition) -> Tensor");
   m.def("where.self(Tensor condition, Tensor x, Tensor y) -> Tensor");
+  // where with a number for x or y, as ATen's overloads of the same names: the
+  // number promotes as torch.where's numbers do and reaches the kernel as a
+  // value, so no tensor is made for it on the device.
+  m.def("where.ScalarSelf(Tensor condition, Scalar x, Tensor y) -> Tensor");
+  m.def("where.ScalarOther(Tensor condition, Tensor x, Scalar y) -> Tensor");
   // select: TensorFlow's Select (Java Where3): scalar, same-shape or row condition.
   m.def("select(Tensor condition, Tensor x, Tensor y) -> Tensor");
 

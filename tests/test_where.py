@@ -220,6 +220,69 @@ def test_where_python_scalar_promotes_like_torch(device, dtype, scalar, rank):
         assert_same(torch_masked.where(*args), expected)
 
 
+NUMBERS = [True, 3, -2.5, 1 + 2j]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.filterwarnings("ignore:BComplex32 support is experimental")
+def test_where_number_overloads_match_torch(device, dtype):
+    """where.ScalarSelf / where.ScalarOther (a number as x or y, passed to the
+    kernel as a value) against torch.where with the same number: contiguous
+    (the vector path on CUDA), with a tail, broadcast and strided."""
+    n = 70001
+    layouts = [((n,), (n,)), ((n + 1,), (n + 1,)), ((301, 1), (301, 257)), ((64, 48), (48, 64))]
+    for c_shape, t_shape in layouts:
+        condition = random_condition(c_shape, device)
+        tensor = make_tensor(t_shape, dtype, device, generator=gen(1))
+        if c_shape == (n + 1,):
+            condition, tensor = condition[1:], tensor[1:]  # off the 16-byte grid
+        if t_shape == (48, 64):
+            tensor = tensor.t()
+        for number in NUMBERS:
+            for op, args in [(torch.ops.masked.where.ScalarOther, (condition, tensor, number)),
+                             (torch.ops.masked.where.ScalarSelf, (condition, number, tensor))]:
+                try:
+                    expected = torch.where(*args)
+                except (RuntimeError, NotImplementedError):  # a dtype without kernels here (bcomplex32 on some builds)
+                    with pytest.raises((RuntimeError, NotImplementedError)):
+                        op(*args)
+                    continue
+                assert_same(op(*args), expected)
+
+
+def test_numbers_reach_the_kernel_as_values():
+    """A number beside a tensor takes where.ScalarSelf / ScalarOther, with no
+    tensor made for it (on CUDA that would be a fill on the device), and the
+    gradient of where.self selects against the number 0 (no zeros made)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RecordOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    condition = random_condition((4,), "cpu")
+    x = torch.randn(4, generator=gen(1), requires_grad=True)
+    y = torch.randn(4, generator=gen(2), requires_grad=True)
+    plain_x, plain_y = x.detach(), y.detach()
+    with RecordOps() as recorded:
+        torch_masked.where(condition, plain_x, 0.0)
+        torch_masked.where(condition, 2, plain_y)
+    assert recorded.ops == ["masked.where.ScalarOther", "masked.where.ScalarSelf"]
+    out = torch_masked.where(condition, x, y)
+    with RecordOps() as recorded:
+        torch.autograd.grad(out, (x, y), torch.ones(4))
+    assert [op for op in recorded.ops if op.startswith("masked")] == ["masked.where.ScalarOther",
+                                                                      "masked.where.ScalarSelf"]
+    assert not any("zeros" in op or "full" in op or "fill" in op for op in recorded.ops)
+
+
 def test_where_python_numbers_follow_the_default_dtype():
     condition = random_condition((3,), "cpu")
     previous = torch.get_default_dtype()
@@ -465,6 +528,12 @@ def test_errors_across_devices(other):
     with pytest.raises(RuntimeError, match=rf"select: expected all tensors on one device, got condition on cpu, "
                                            rf"x on {name}, y on {name}"):
         torch_masked.select(c, x, x)
+    with pytest.raises(RuntimeError, match=rf"where: expected all tensors on one device, got condition on cpu, "
+                                           rf"x on {name}$"):
+        torch_masked.where(c, x, 0.0)
+    with pytest.raises(RuntimeError, match=rf"where: expected all tensors on one device, got condition on cpu, "
+                                           rf"y on {name}$"):
+        torch_masked.where(c, 1, x)
 
 
 def test_fake_errors_match():
@@ -483,6 +552,11 @@ def test_fake_errors_match():
             torch.ops.masked.select(c, torch.empty(3, 2), torch.empty(3, 2))
         out = torch.ops.masked.where.self(c, torch.empty(3, 1, dtype=torch.int32), torch.empty((), dtype=torch.float16))
         assert out.shape == (3, 2) and out.dtype == torch.float16
+        with pytest.raises(RuntimeError, match=r"where: expected condition, x and y to broadcast together, "
+                                               r"got condition \[2\], x \[3\], y \[\]"):
+            torch.ops.masked.where.ScalarOther(c, torch.empty(3), 1.0)
+        out = torch.ops.masked.where.ScalarSelf(c, 2.5, torch.empty(3, 1, dtype=torch.int32))
+        assert out.shape == (3, 2) and out.dtype == torch.float32
 
 
 # ---------------------------------------------------------------- autograd
@@ -498,6 +572,18 @@ def test_where_gradcheck(device, shapes):
     fn = lambda x, y: torch.ops.masked.where.self(condition, x, y)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, y))
     assert torch.autograd.gradgradcheck(fn, (x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shapes", [((3, 1), (3, 4)), ((2, 3), ()), ((), (2, 3))], ids=str)
+def test_where_number_overloads_gradcheck(device, shapes):
+    c_shape, t_shape = shapes
+    condition = random_condition(c_shape, device)
+    tensor = torch.randn(t_shape, dtype=torch.float64, generator=gen(1)).to(device).requires_grad_()
+    for fn in (lambda t: torch.ops.masked.where.ScalarOther(condition, t, 2.5),
+               lambda t: torch.ops.masked.where.ScalarSelf(condition, -1, t)):
+        assert torch.autograd.gradcheck(fn, (tensor,))
+        assert torch.autograd.gradgradcheck(fn, (tensor,))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -626,6 +712,12 @@ def where_samples(device, requires_grad):
     yield non_contiguous(random_condition((5, 6), device)), non_contiguous(t((5, 6))), t((6,), torch.complex64)
 
 
+def number_makes_complex_half(tensor, number):
+    """A complex number beside a float16 or bfloat16 tensor makes an
+    experimental complex32 type, which some of opcheck's tests cannot take."""
+    return isinstance(number, complex) and tensor.dtype in (torch.float16, torch.bfloat16)
+
+
 def select_samples(device, requires_grad):
     t = sample_maker(device, requires_grad)
     yield random_condition((4,), device), t((4, 3)), t((4, 3), seed=2)
@@ -641,6 +733,11 @@ def select_samples(device, requires_grad):
 def test_opcheck(device, requires_grad):
     for args in where_samples(device, requires_grad):
         torch.library.opcheck(torch.ops.masked.where.self, args)
+    for condition, x, y in where_samples(device, requires_grad):
+        for number in NUMBERS:
+            if not (number_makes_complex_half(x, number) or number_makes_complex_half(y, number)):
+                torch.library.opcheck(torch.ops.masked.where.ScalarOther, (condition, x, number))
+                torch.library.opcheck(torch.ops.masked.where.ScalarSelf, (condition, number, y))
     for args in select_samples(device, requires_grad):
         torch.library.opcheck(torch.ops.masked.select, args)
 

@@ -1,11 +1,11 @@
-// Autograd for masked::where.self and masked::select. The gradient of a
-// selection is the same selection of the upstream gradient against zero:
-// each branch gets the gradient where it was chosen and an exact zero
-// elsewhere (so a NaN or inf never leaks across), summed back to the
-// branch's own shape and cast to its own dtype. Built from our own ops, so
-// double backward and compiled backward work. In C++ rather than with
-// torch.library.register_autograd: the Python layer cost more than the
-// kernels on sub-millisecond calls.
+// Autograd for masked::where.self, where.ScalarSelf, where.ScalarOther and
+// masked::select. The gradient of a selection is the same selection of the
+// upstream gradient against zero: each branch gets the gradient where it was
+// chosen and an exact zero elsewhere (so a NaN or inf never leaks across),
+// summed back to the branch's own shape and cast to its own dtype; a number
+// gets none. Built from our own ops, so double backward and compiled
+// backward work. In C++ rather than with torch.library.register_autograd:
+// the Python layer cost more than the kernels on sub-millisecond calls.
 #include "autograd/records_graph.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -22,8 +22,22 @@ using torch::autograd::variable_list;
 
 using SelectionSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&);
 
-// where.self broadcasts, so a 0-d zero serves every gradient, and each
-// branch's gradient is summed back to the branch's shape.
+at::Tensor where_number_x(const at::Tensor& condition, const at::Scalar& x, const at::Tensor& y) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("masked::where", "ScalarSelf")
+                             .typed<at::Tensor(const at::Tensor&, const at::Scalar&, const at::Tensor&)>();
+  return op.call(condition, x, y);
+}
+
+at::Tensor where_number_y(const at::Tensor& condition, const at::Tensor& x, const at::Scalar& y) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("masked::where", "ScalarOther")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Scalar&)>();
+  return op.call(condition, x, y);
+}
+
+// where.self broadcasts: the gradient against the number 0 (no zeros made on
+// the device), each branch's part summed back to the branch's shape.
 struct WhereSelf {
   static constexpr bool kBroadcasts = true;
   static at::Tensor call(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
@@ -31,13 +45,19 @@ struct WhereSelf {
         c10::Dispatcher::singleton().findSchemaOrThrow("masked::where", "self").typed<SelectionSignature>();
     return op.call(condition, x, y);
   }
-  static at::Tensor zeros_for(const at::Tensor& grad) { return at::zeros({}, grad.options()); }
+  static at::Tensor x_part(const at::Tensor& condition, const at::Tensor& grad) {
+    return where_number_y(condition, grad, 0);
+  }
+  static at::Tensor y_part(const at::Tensor& condition, const at::Tensor& grad) {
+    return where_number_x(condition, 0, grad);
+  }
 };
 
-// select does not broadcast its branches: the zeros and both branches have
-// the gradient's shape. Not summing to a saved shape also spares a trace
-// from comparing branch sizes known only at run time (selections by
-// boolean_mask), which it cannot.
+// select's branches have the output's shape, and so has each part of the
+// gradient: where against the number 0, with a row condition as where's
+// column [rows, 1, ..., 1]; nothing to sum. Not summing to a saved shape also
+// spares a trace from comparing branch sizes known only at run time
+// (selections by boolean_mask), which it cannot.
 struct Select {
   static constexpr bool kBroadcasts = false;
   static at::Tensor call(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
@@ -45,7 +65,20 @@ struct Select {
         c10::Dispatcher::singleton().findSchemaOrThrow("masked::select", "").typed<SelectionSignature>();
     return op.call(condition, x, y);
   }
-  static at::Tensor zeros_for(const at::Tensor& grad) { return at::zeros_like(grad); }
+  static at::Tensor as_where_condition(const at::Tensor& condition, const at::Tensor& grad) {
+    if (condition.dim() != 1 || grad.dim() <= 1) {
+      return condition;  // a scalar or element-wise condition
+    }
+    std::vector<c10::SymInt> column(grad.dim(), 1);
+    column[0] = condition.sym_size(0);
+    return condition.view_symint(column);
+  }
+  static at::Tensor x_part(const at::Tensor& condition, const at::Tensor& grad) {
+    return where_number_y(as_where_condition(condition, grad), grad, 0);
+  }
+  static at::Tensor y_part(const at::Tensor& condition, const at::Tensor& grad) {
+    return where_number_x(as_where_condition(condition, grad), 0, grad);
+  }
 };
 
 // The branch's gradient in its dtype and, where the op broadcasts
@@ -85,16 +118,41 @@ class Selection : public torch::autograd::Function<Selection<Op>> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor condition = ctx->get_saved_variables()[0];
     const at::Tensor& grad = grads[0];
-    const at::Tensor zeros = Op::zeros_for(grad);
     at::Tensor grad_x, grad_y;
     const auto saved_shape = [&](const char* key) { return Op::kBroadcasts ? &ctx->saved_data[key] : nullptr; };
     if (ctx->needs_input_grad(1)) {
-      grad_x = to_branch(Op::call(condition, grad, zeros), saved_shape("x_shape"), ctx->saved_data["x_dtype"]);
+      grad_x = to_branch(Op::x_part(condition, grad), saved_shape("x_shape"), ctx->saved_data["x_dtype"]);
     }
     if (ctx->needs_input_grad(2)) {
-      grad_y = to_branch(Op::call(condition, zeros, grad), saved_shape("y_shape"), ctx->saved_data["y_dtype"]);
+      grad_y = to_branch(Op::y_part(condition, grad), saved_shape("y_shape"), ctx->saved_data["y_dtype"]);
     }
     return {at::Tensor(), grad_x, grad_y};
+  }
+};
+
+// where.ScalarSelf (kNumberIsX) and where.ScalarOther: the tensor branch's
+// gradient is where.self's for that branch; the number has none. Arguments
+// (condition, tensor, number), whichever side the number is on.
+template <bool kNumberIsX>
+class WhereWithNumber : public torch::autograd::Function<WhereWithNumber<kNumberIsX>> {
+ public:
+  static at::Tensor call(const at::Tensor& condition, const at::Tensor& tensor, const at::Scalar& number) {
+    return kNumberIsX ? where_number_x(condition, number, tensor) : where_number_y(condition, tensor, number);
+  }
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& condition, const at::Tensor& tensor,
+                            const at::Scalar& number) {
+    ctx->save_for_backward({condition});
+    ctx->saved_data["shape"] = tensor.sym_sizes();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(tensor.scalar_type());
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call(condition, tensor, number);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor condition = ctx->get_saved_variables()[0];
+    const at::Tensor part = kNumberIsX ? WhereSelf::y_part(condition, grads[0]) : WhereSelf::x_part(condition, grads[0]);
+    return {at::Tensor(), to_branch(part, &ctx->saved_data["shape"], ctx->saved_data["dtype"]), at::Tensor()};
   }
 };
 
@@ -103,10 +161,20 @@ at::Tensor selection_autograd(const at::Tensor& condition, const at::Tensor& x, 
   return apply_if_recording<Selection<Op>>({x, y}, Op::call, condition, x, y);
 }
 
+at::Tensor where_number_x_autograd(const at::Tensor& condition, const at::Scalar& x, const at::Tensor& y) {
+  return apply_if_recording<WhereWithNumber<true>>({y}, WhereWithNumber<true>::call, condition, y, x);
+}
+
+at::Tensor where_number_y_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Scalar& y) {
+  return apply_if_recording<WhereWithNumber<false>>({x}, WhereWithNumber<false>::call, condition, x, y);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(masked, Autograd, m) {
   m.impl("where.self", &selection_autograd<WhereSelf>);
+  m.impl("where.ScalarSelf", &where_number_x_autograd);
+  m.impl("where.ScalarOther", &where_number_y_autograd);
   m.impl("select", &selection_autograd<Select>);
 }
 

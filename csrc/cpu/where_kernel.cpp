@@ -157,6 +157,14 @@ at::Tensor where_self_cpu(const at::Tensor& condition, const at::Tensor& x, cons
   return selected(prepare_where(condition, x, y));
 }
 
+at::Tensor where_scalar_self_cpu(const at::Tensor& condition, const at::Scalar& x, const at::Tensor& y) {
+  return selected(prepare_where_number(condition, y, x, /*number_is_x=*/true));
+}
+
+at::Tensor where_scalar_other_cpu(const at::Tensor& condition, const at::Tensor& x, const at::Scalar& y) {
+  return selected(prepare_where_number(condition, x, y, /*number_is_x=*/false));
+}
+
 at::Tensor select_cpu(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
   return selected(prepare_select(condition, x, y));
 }
@@ -165,6 +173,8 @@ at::Tensor select_cpu(const at::Tensor& condition, const at::Tensor& x, const at
 
 TORCH_LIBRARY_IMPL(masked, CPU, m) {
   m.impl("where.self", &where_self_cpu);
+  m.impl("where.ScalarSelf", &where_scalar_self_cpu);
+  m.impl("where.ScalarOther", &where_scalar_other_cpu);
   m.impl("select", &select_cpu);
 }
 

@@ -2,7 +2,8 @@
 // prepares both). Three paths, by the merged geometry:
 //   - contiguous same shape: 16-byte vector loads and stores of x, y and the
 //     output, with the matching run of condition bytes; x or y may instead be
-//     a single element (where(c, x, 0.0)), loaded once;
+//     a single element, loaded once, or a number (where.ScalarSelf,
+//     where.ScalarOther: where(c, x, 0.0)), passed by value;
 //   - rows (the condition fixed along the innermost axis, x and y unit-stride
 //     along it: select's rows, a [N, 1] condition, a scalar one): each row is
 //     copied whole from x or y in the widest units its alignment allows, a
@@ -53,12 +54,30 @@ struct alignas(kVec) ConditionVector {
   uint8_t b[kVec];
 };
 
-// The n elements of a 1-D selection. x_step and y_step are each 1 (the
-// operand is contiguous) or 0 (its one element serves every position).
+// x or y: elements in device memory, or, for a number (where.ScalarSelf,
+// where.ScalarOther), its value, passed with the launch.
 template <typename T>
-__global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, const T* __restrict__ x,
-                                        int64_t x_step, const T* __restrict__ y, int64_t y_step,
-                                        T* __restrict__ out, int64_t n) {
+struct Operand {
+  const T* data;  // nullptr for a number
+  T value;
+  __device__ T at(int64_t offset) const { return data != nullptr ? data[offset] : value; }
+};
+
+template <typename T>
+Operand<T> operand(const at::Tensor& t) {
+  // A number is a 0-d tensor on the host (csrc/element_select.h: prepare_where_number).
+  if (t.is_cpu()) {
+    return {nullptr, *static_cast<const T*>(t.const_data_ptr())};
+  }
+  return {static_cast<const T*>(t.const_data_ptr()), T{}};
+}
+
+// The n elements of a 1-D selection. x_step and y_step are each 1 (the
+// operand is contiguous) or 0 (its one element, or number, serves every
+// position).
+template <typename T>
+__global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, Operand<T> x, int64_t x_step,
+                                        Operand<T> y, int64_t y_step, T* __restrict__ out, int64_t n) {
   constexpr int kVec = 16 / sizeof(T);
   using V = Vector<T, kVec>;
   using C = ConditionVector<kVec>;
@@ -66,8 +85,8 @@ __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, c
   V y_fill;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
-    x_fill.v[k] = x[0];
-    y_fill.v[k] = y[0];
+    x_fill.v[k] = x.at(0);
+    y_fill.v[k] = y.at(0);
   }
   const int64_t vectors = n / kVec;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -81,8 +100,8 @@ __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, c
       const int64_t v = base + u * threads;
       if (v < vectors) {
         c[u] = reinterpret_cast<const C*>(condition)[v];
-        a[u] = x_step != 0 ? reinterpret_cast<const V*>(x)[v] : x_fill;
-        b[u] = y_step != 0 ? reinterpret_cast<const V*>(y)[v] : y_fill;
+        a[u] = x_step != 0 ? reinterpret_cast<const V*>(x.data)[v] : x_fill;
+        b[u] = y_step != 0 ? reinterpret_cast<const V*>(y.data)[v] : y_fill;
       }
     }
 #pragma unroll
@@ -100,7 +119,7 @@ __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, c
   }
   // The last n % kVec elements.
   for (int64_t i = vectors * kVec + tid; i < n; i += threads) {
-    out[i] = condition[i] ? x[i * x_step] : y[i * y_step];
+    out[i] = condition[i] ? x.at(i * x_step) : y.at(i * y_step);
   }
 }
 
@@ -145,14 +164,13 @@ __global__ void select_rows_kernel(SelectGeometry g, int64_t element_size, const
 }
 
 template <typename T, typename Index>
-__global__ void where_strided_kernel(SelectGeometry g, const uint8_t* __restrict__ condition,
-                                     const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ out,
-                                     int64_t n) {
+__global__ void where_strided_kernel(SelectGeometry g, const uint8_t* __restrict__ condition, Operand<T> x,
+                                     Operand<T> y, T* __restrict__ out, int64_t n) {
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += threads) {
     int64_t offsets[kNumSelectOperands];
     g.offsets_at(static_cast<Index>(i), offsets);
-    out[i] = condition[offsets[kCondition]] ? x[offsets[kX]] : y[offsets[kY]];
+    out[i] = condition[offsets[kCondition]] ? x.at(offsets[kX]) : y.at(offsets[kY]);
   }
 }
 
@@ -172,8 +190,9 @@ int64_t common_alignment(std::initializer_list<int64_t> values) {
 }
 
 // Rows are picked whole when the condition holds still along the innermost
-// axis and x and y are unit-stride along it. Returns the unit (bytes) to copy
-// rows in, or 0 when the row kernel does not apply.
+// axis and x and y are unit-stride along it (so never with a number, whose
+// strides are all 0). Returns the unit (bytes) to copy rows in, or 0 when
+// the row kernel does not apply.
 int64_t row_unit_bytes(const Selection& s) {
   const SelectGeometry& g = s.geometry;
   const int64_t element_size = s.out.element_size();
@@ -197,8 +216,8 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
   const SelectGeometry& g = s.geometry;
   const int64_t n = s.out.numel();
   const uint8_t* c = static_cast<const uint8_t*>(s.condition.const_data_ptr());
-  const T* x = static_cast<const T*>(s.x.const_data_ptr());
-  const T* y = static_cast<const T*>(s.y.const_data_ptr());
+  const Operand<T> x = operand<T>(s.x);
+  const Operand<T> y = operand<T>(s.y);
   T* out = static_cast<T*>(s.out.mutable_data_ptr());
 
   constexpr int64_t kVec = 16 / sizeof(T);
@@ -206,7 +225,7 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
   const int64_t y_step = g.strides[kY][0];
   const bool flat = g.dims == 1 && g.strides[kCondition][0] == 1 && (x_step == 0 || x_step == 1) &&
                     (y_step == 0 || y_step == 1);
-  if (flat && aligned(c, kVec) && (x_step == 0 || aligned(x, 16)) && (y_step == 0 || aligned(y, 16)) &&
+  if (flat && aligned(c, kVec) && (x_step == 0 || aligned(x.data, 16)) && (y_step == 0 || aligned(y.data, 16)) &&
       aligned(out, 16)) {
     const int blocks = blocks_for(std::max<int64_t>(n / kVec, 1), kThreads * kUnroll);
     where_contiguous_kernel<T><<<blocks, kThreads, 0, stream>>>(c, x, x_step, y, y_step, out, n);
@@ -222,7 +241,7 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
     dispatch_by_element_size("select", unit, [&](auto unit_tag) {
       using U = decltype(unit_tag);
       select_rows_kernel<U><<<blocks, kThreads, 0, stream>>>(
-          g, sizeof(T), c, reinterpret_cast<const char*>(x), reinterpret_cast<const char*>(y),
+          g, sizeof(T), c, reinterpret_cast<const char*>(x.data), reinterpret_cast<const char*>(y.data),
           reinterpret_cast<char*>(out), rows);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
@@ -250,6 +269,14 @@ at::Tensor where_self_cuda(const at::Tensor& condition, const at::Tensor& x, con
   return selected(prepare_where(condition, x, y));
 }
 
+at::Tensor where_scalar_self_cuda(const at::Tensor& condition, const at::Scalar& x, const at::Tensor& y) {
+  return selected(prepare_where_number(condition, y, x, /*number_is_x=*/true));
+}
+
+at::Tensor where_scalar_other_cuda(const at::Tensor& condition, const at::Tensor& x, const at::Scalar& y) {
+  return selected(prepare_where_number(condition, x, y, /*number_is_x=*/false));
+}
+
 at::Tensor select_cuda(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
   return selected(prepare_select(condition, x, y));
 }
@@ -258,6 +285,8 @@ at::Tensor select_cuda(const at::Tensor& condition, const at::Tensor& x, const a
 
 TORCH_LIBRARY_IMPL(masked, CUDA, m) {
   m.impl("where.self", &where_self_cuda);
+  m.impl("where.ScalarSelf", &where_scalar_self_cuda);
+  m.impl("where.ScalarOther", &where_scalar_other_cuda);
   m.impl("select", &select_cuda);
 }
 

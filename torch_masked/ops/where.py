@@ -27,19 +27,25 @@ def _check_dims(op, dims):
     check(dims <= MAX_SELECT_DIMS, op, f"expected at most {MAX_SELECT_DIMS} dimensions, got {dims}")
 
 
+def _shape(value):
+    """A tensor's shape; a number's, ()."""
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+
+
 def _broadcast_shape(condition, x, y):
     """NumPy broadcasting, with csrc/element_select.h's message. An unbacked
     size (from nonzero, boolean_mask) is taken as not 1, and its equality
     becomes a deferred check, so that such shapes trace."""
+    shapes = [_shape(condition), _shape(x), _shape(y)]
     message = (
-        f"expected condition, x and y to broadcast together, got condition {list(condition.shape)}, "
-        f"x {list(x.shape)}, y {list(y.shape)}"
+        f"expected condition, x and y to broadcast together, got condition {list(shapes[0])}, "
+        f"x {list(shapes[1])}, y {list(shapes[2])}"
     )
-    dims = max(condition.dim(), x.dim(), y.dim())
+    dims = max(len(own_shape) for own_shape in shapes)
     shape = [1] * dims
-    for t in (condition, x, y):
-        for d, own in enumerate(t.shape):
-            at = dims - t.dim() + d
+    for own_shape in shapes:
+        for d, own in enumerate(own_shape):
+            at = dims - len(own_shape) + d
             if guard_or_false(own == 1):
                 continue
             if not guard_or_false(shape[at] == 1):
@@ -56,12 +62,16 @@ def _check_shape(op, actual, expected, message):
 
 
 @torch.library.register_fake("masked::where.self")
+@torch.library.register_fake("masked::where.ScalarSelf")
+@torch.library.register_fake("masked::where.ScalarOther")
 def _where_self_fake(condition, x, y):
-    check_same_device("where", condition=condition, x=x, y=y)
+    """where.self, and where.ScalarSelf / ScalarOther, where x or y is a number."""
+    tensors = {name: t for name, t in (("condition", condition), ("x", x), ("y", y)) if isinstance(t, torch.Tensor)}
+    check_same_device("where", **tensors)
     _check_condition_dtype("where", condition)
     shape = _broadcast_shape(condition, x, y)
     _check_dims("where", len(shape))
-    return x.new_empty(shape, dtype=torch.result_type(x, y))
+    return condition.new_empty(shape, dtype=torch.result_type(x, y))
 
 
 @torch.library.register_fake("masked::select")
@@ -153,12 +163,22 @@ def _as_tensor(value, partner, device):
     return torch.as_tensor(value, device=device)
 
 
+def _first_device(*values):
+    return next((t.device for t in values if isinstance(t, torch.Tensor)), None)
+
+
 def _as_tensors(condition, x, y):
     """All three as tensors, on the device of the first one given as a tensor."""
     if isinstance(condition, torch.Tensor) and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
         return condition, x, y  # the common call, at no cost
-    device = next((t.device for t in (condition, x, y) if isinstance(t, torch.Tensor)), None)
+    device = _first_device(condition, x, y)
     return _as_tensor(condition, None, device), _as_tensor(x, y, device), _as_tensor(y, x, device)
+
+
+def _is_number(value):
+    """A Python number: what the number overloads take (NumPy's scalars,
+    even those deriving from float or complex, they do not)."""
+    return type(value) in (bool, int, float, complex)
 
 
 def where(condition, x=None, y=None):
@@ -174,7 +194,18 @@ def where(condition, x=None, y=None):
         return torch.ops.masked.where.default(condition)
     if x is None or y is None:
         raise ValueError("where: expected both x and y or neither, got only " + ("x" if y is None else "y"))
-    return torch.ops.masked.where.self(*_as_tensors(condition, x, y))
+    number_x, number_y = _is_number(x), _is_number(y)
+    if number_x == number_y:
+        return torch.ops.masked.where.self(*_as_tensors(condition, x, y))
+    # One number: it goes to the kernel as a value (where.ScalarSelf,
+    # where.ScalarOther), with no tensor made for it on the device.
+    tensor = y if number_x else x
+    if not (isinstance(condition, torch.Tensor) and isinstance(tensor, torch.Tensor)):
+        device = _first_device(condition, tensor)
+        condition, tensor = _as_tensor(condition, None, device), _as_tensor(tensor, None, device)
+    if number_x:
+        return torch.ops.masked.where.ScalarSelf(condition, x, tensor)
+    return torch.ops.masked.where.ScalarOther(condition, tensor, y)
 
 
 def select(condition, x, y):
