@@ -756,6 +756,7 @@ def training_loss(rows, condition, w, b, x):
     hidden = torch_masked.where(condition, x * w, b)  # broadcast b: [features]
     hidden = torch_masked.select(rows, hidden, torch.tanh(hidden))
     weights = torch_masked.where(rows[:, None], 1.0, 0.5)  # Python scalars through the front door
+    hidden = torch_masked.where(hidden > -1, hidden, -1.0)  # a number beside a tensor: where.ScalarOther
     return (torch_masked.where(hidden > 0, hidden, 0.1 * hidden).square() * weights).sum()
 
 
