@@ -79,6 +79,10 @@ def _boolean_mask_backward_fake(grad, mask, input_shape, axis):
     return grad.new_empty(input_shape)
 
 
+# The op the front door calls, looked up once (through torch.ops, 0.3 µs a call).
+_boolean_mask = torch.ops.masked.boolean_mask.default
+
+
 def boolean_mask(tensor, mask, axis=None):
     """``tf.boolean_mask``: the slices of ``tensor`` where ``mask`` is true.
 
@@ -95,4 +99,4 @@ def boolean_mask(tensor, mask, axis=None):
     if not isinstance(mask, torch.Tensor):
         mask = torch.as_tensor(mask, device=tensor.device)
     axis = 0 if axis is None else operator.index(axis)
-    return torch.ops.masked.boolean_mask.default(tensor, mask, axis)
+    return _boolean_mask(tensor, mask, axis)

@@ -58,6 +58,12 @@ def _nonzero_static_fake(input, *, size, fill_value=-1):
     return input.new_empty((size, input.dim()), dtype=torch.long)
 
 
+# The ops the front doors call, looked up once (through torch.ops, 0.3 µs a call).
+_nonzero = torch.ops.masked.nonzero.default
+_nonzero_tuple = torch.ops.masked.nonzero_tuple.default
+_nonzero_static = torch.ops.masked.nonzero_static.default
+
+
 def nonzero(input, *, as_tuple=False, out=None):
     """Indices of the non-zero elements of ``input``, as ``torch.nonzero``.
 
@@ -71,8 +77,8 @@ def nonzero(input, *, as_tuple=False, out=None):
     if as_tuple:
         if out is not None:
             raise ValueError("nonzero: out= is not supported with as_tuple=True")
-        return tuple(torch.ops.masked.nonzero_tuple.default(input))
-    result = torch.ops.masked.nonzero.default(input)
+        return tuple(_nonzero_tuple(input))
+    result = _nonzero(input)
     if out is None:
         return result
     if out.dtype != torch.long:
@@ -84,4 +90,4 @@ def nonzero(input, *, as_tuple=False, out=None):
 def nonzero_static(input, *, size, fill_value=-1):
     """The first ``size`` rows of ``nonzero(input)``, padded with ``fill_value``:
     a ``[size, input.dim()]`` int64 tensor, computed with no host-device sync."""
-    return torch.ops.masked.nonzero_static.default(input, size=size, fill_value=fill_value)
+    return _nonzero_static(input, size=size, fill_value=fill_value)
