@@ -1,6 +1,7 @@
-"""masked::where (index mode), masked::where.self and masked::select: fake
-kernels and the front doors ``torch_masked.where`` and ``torch_masked.select``
-(their gradients: csrc/autograd/where_autograd.cpp).
+"""masked::where (index mode), masked::where.self (with its number overloads
+where.ScalarSelf and where.ScalarOther) and masked::select: fake kernels and
+the front doors ``torch_masked.where`` and ``torch_masked.select`` (their
+gradients: csrc/autograd/where_autograd.cpp).
 
 ``where(condition)`` is a composite of ``masked::nonzero`` registered in C++
 (csrc/where.cpp), so it has no fake kernel or formula of its own here.
@@ -64,7 +65,7 @@ def _check_shape(op, actual, expected, message):
 @torch.library.register_fake("masked::where.self")
 @torch.library.register_fake("masked::where.ScalarSelf")
 @torch.library.register_fake("masked::where.ScalarOther")
-def _where_self_fake(condition, x, y):
+def _where_fake(condition, x, y):
     """where.self, and where.ScalarSelf / ScalarOther, where x or y is a number."""
     tensors = {name: t for name, t in (("condition", condition), ("x", x), ("y", y)) if isinstance(t, torch.Tensor)}
     check_same_device("where", **tensors)
@@ -183,8 +184,9 @@ def _as_tensors(condition, x, y):
 
 
 def _is_number(value):
-    """A Python number: what the number overloads take (NumPy's scalars,
-    even those deriving from float or complex, they do not)."""
+    """A Python bool, int, float or complex, as the number overloads take it;
+    not a NumPy scalar, even one deriving from float or complex (torch.ops
+    refuses np.complex128 as a Scalar)."""
     return type(value) in (bool, int, float, complex)
 
 
