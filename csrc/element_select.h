@@ -151,8 +151,10 @@ inline Selection make_selection(const char* op, const at::Tensor& condition, con
   check_element_aligned(op, "x", x);
   check_element_aligned(op, "y", y);
   const at::ScalarType dtype = at::result_type(x, y);
+  // Tensor::to costs a dispatch even when there is nothing to convert.
+  const auto promoted = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
   // On the condition's device: x or y may be a number held on the host.
-  Selection s{condition, x.to(dtype), y.to(dtype), uninitialized(shape, condition.options().dtype(dtype)), {}};
+  Selection s{condition, promoted(x), promoted(y), uninitialized(shape, condition.options().dtype(dtype)), {}};
   const at::Tensor* operands[kNumSelectOperands] = {&s.condition, &s.x, &s.y};
   s.geometry = select_geometry(shape, operands);
   return s;
