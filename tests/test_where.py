@@ -255,7 +255,8 @@ def test_where_number_overloads_match_torch(device, dtype):
 def test_numbers_reach_the_kernel_as_values():
     """A number beside a tensor takes where.ScalarSelf / ScalarOther, with no
     tensor made for it (on CUDA that would be a fill on the device), and the
-    gradient of where.self selects against the number 0 (no zeros made)."""
+    gradients of where.self and select select against the number 0 (no
+    zeros made)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class RecordOps(TorchDispatchMode):
@@ -275,12 +276,14 @@ def test_numbers_reach_the_kernel_as_values():
         torch_masked.where(condition, plain_x, 0.0)
         torch_masked.where(condition, 2, plain_y)
     assert recorded.ops == ["masked.where.ScalarOther", "masked.where.ScalarSelf"]
-    out = torch_masked.where(condition, x, y)
-    with RecordOps() as recorded:
-        torch.autograd.grad(out, (x, y), torch.ones(4))
-    assert [op for op in recorded.ops if op.startswith("masked")] == ["masked.where.ScalarOther",
-                                                                      "masked.where.ScalarSelf"]
-    assert not any("zeros" in op or "full" in op or "fill" in op for op in recorded.ops)
+    rows = random_condition((2,), "cpu")
+    for out, branches in [(torch_masked.where(condition, x, y), (x, y)),
+                          (torch_masked.select(rows, x.view(2, 2), y.view(2, 2)), (x, y))]:
+        with RecordOps() as recorded:
+            torch.autograd.grad(out, branches, torch.ones_like(out))
+        assert [op for op in recorded.ops if op.startswith("masked")] == ["masked.where.ScalarOther",
+                                                                          "masked.where.ScalarSelf"]
+        assert not any("zeros" in op or "full" in op or "fill" in op for op in recorded.ops)
 
 
 def test_where_python_numbers_follow_the_default_dtype():
