@@ -141,16 +141,15 @@ inline SelectGeometry select_geometry(at::IntArrayRef shape, const at::Tensor* o
   return g;
 }
 
-// x and y promoted together (torch.result_type), the output of `shape`
-// allocated, and the geometry. `condition` may be a view shaped for
+// x and y in the result dtype (torch.result_type of the pair), the output of
+// `shape` allocated, and the geometry. `condition` may be a view shaped for
 // broadcasting (select's row form).
 inline Selection make_selection(const char* op, const at::Tensor& condition, const at::Tensor& x,
-                                const at::Tensor& y, at::IntArrayRef shape) {
+                                const at::Tensor& y, at::IntArrayRef shape, at::ScalarType dtype) {
   MASKED_CHECK(shape.size() <= kMaxSelectDims, op, ": expected at most ", kMaxSelectDims, " dimensions, got ",
               shape.size());
   check_element_aligned(op, "x", x);
   check_element_aligned(op, "y", y);
-  const at::ScalarType dtype = at::result_type(x, y);
   // Tensor::to costs a dispatch even when there is nothing to convert.
   const auto promoted = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
   // On the condition's device: x or y may be a number held on the host.
@@ -165,7 +164,7 @@ inline Selection prepare_where(const at::Tensor& condition, const at::Tensor& x,
   check_same_device("where", {{"condition", &condition}, {"x", &x}, {"y", &y}});
   check_condition_dtype("where", condition);
   const std::vector<int64_t> shape = broadcast_select_shape(condition, x, y);
-  return make_selection("where", condition, x, y, shape);
+  return make_selection("where", condition, x, y, shape, at::result_type(x, y));
 }
 
 // masked::where.ScalarSelf (number_is_x) and where.ScalarOther: the number as
@@ -177,10 +176,11 @@ inline Selection prepare_where_number(const at::Tensor& condition, const at::Ten
                                       const at::Scalar& number, bool number_is_x) {
   check_same_device("where", {{"condition", &condition}, {number_is_x ? "y" : "x", &tensor}});
   check_condition_dtype("where", condition);
-  const at::Tensor value = at::scalar_tensor(number, at::TensorOptions(at::result_type(tensor, number)));
+  const at::ScalarType dtype = at::result_type(tensor, number);
+  const at::Tensor value = at::scalar_tensor(number, at::TensorOptions(dtype));
   const at::Tensor& x = number_is_x ? value : tensor;
   const at::Tensor& y = number_is_x ? tensor : value;
-  return make_selection("where", condition, x, y, broadcast_select_shape(condition, x, y));
+  return make_selection("where", condition, x, y, broadcast_select_shape(condition, x, y), dtype);
 }
 
 // masked::select: x and y of one shape; condition a scalar, of x's shape, or
@@ -198,7 +198,7 @@ inline Selection prepare_select(const at::Tensor& condition, const at::Tensor& x
   std::vector<int64_t> column_shape(std::max<int64_t>(x.dim(), 1), 1);
   column_shape[0] = condition.numel();
   const at::Tensor shaped = elementwise ? condition : condition.view(column_shape);
-  return make_selection("select", shaped, x, y, x.sizes());
+  return make_selection("select", shaped, x, y, x.sizes(), at::result_type(x, y));
 }
 
 }  // namespace torch_masked
