@@ -5,8 +5,8 @@ destinations, so duplicates are common) against
 ``zeros.index_put_((idx,), upd, accumulate=True)`` and ``zeros.index_add_``.
 Slice scatter: N/64 rows of 64 into ``[N/64, 64]``. Gather: the same shapes
 against advanced indexing. NumPy's ``np.add.at`` / fancy indexing in the NumPy
-column (float32 only: NumPy has no bfloat16). On CUDA, also the deterministic
-path (``torch.use_deterministic_algorithms(True)``).
+column (float32 only: NumPy has no bfloat16). On CUDA, every scatter also
+on the deterministic path (``torch.use_deterministic_algorithms(True)``).
 """
 import numpy as np
 import torch
@@ -57,7 +57,7 @@ def _scatter_cases(device, n, rows, width, dtype, gen):
         (idx,), upd, accumulate=True), "index_put_(accumulate=True)", numpy=numpy_fn, bytes_moved=moved)
     yield Case("scatter_nd", name, ours, lambda: torch.zeros(shape, dtype=dtype, device=device).index_add_(
         0, idx, upd), "index_add_", numpy=numpy_fn, bytes_moved=moved)
-    if device == "cuda" and width == 1 and rows == n:
+    if device == "cuda":
         yield Case("scatter_nd", name + " deterministic", _deterministic(ours),
                    _deterministic(lambda: torch.zeros(shape, dtype=dtype, device=device).index_put_(
                        (idx,), upd, accumulate=True)), "index_put_(accumulate=True), deterministic",

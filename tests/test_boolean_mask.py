@@ -197,6 +197,31 @@ def test_long_masks_whole_and_partial_chunks(device, offset, density, row_shape)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("density", [0.01, 0.5, 0.99])
+@pytest.mark.parametrize(
+    "dtype, row_shape",
+    [(torch.int8, ()), (torch.float32, ()), (torch.float32, (2,)), (torch.float64, ()), (torch.complex128, ())],
+    ids=str,
+)
+def test_long_masks_in_several_outer_blocks(device, density, dtype, row_shape):
+    """A mask of many chunks, with a partial last one, at axis 1: on CUDA
+    each block of the outer dimension is compacted directly when a selected
+    slice is one unit of 1 to 16 bytes; forward and backward."""
+    n = 512 * 9 + 37
+    torch.manual_seed(2)
+    shape = (3, n) + row_shape
+    tensor = random_values(shape, dtype, device)
+    mask = random_mask((n,), device, density)
+    result = boolean_mask_op(tensor, mask, 1)
+    assert_same(result, reference(tensor, mask, 1))
+    assert_same(backward_op(result, mask, list(shape), 1), backward_reference(result, mask, list(shape), 1))
+    # One element into the storage: 2-byte slices lose their 4-byte alignment.
+    base = random_values((3 * n + 1,), torch.int16, device)
+    shifted = base[1:].view(3, n)
+    assert_same(boolean_mask_op(shifted, mask, 1), reference(shifted, mask, 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("row_shape", [(), (3,)], ids=str)
 def test_mask_bytes_other_than_one_are_true(device, row_shape):
     """A bool tensor viewed from other bytes can hold 2, 0x80 or 0xff: each

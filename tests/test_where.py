@@ -421,6 +421,27 @@ def test_select_rows_of_a_slice(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rows_more_than_the_grid_holds(device):
+    """More rows (and pieces of rows) than the CUDA row kernel has warps at
+    once, so each warp loops over several, loading the next condition
+    ahead: select's rows; a [N, 1] condition with a [M] branch and rows of
+    two pieces; and outer axes that do not merge (x transposed)."""
+    condition = random_condition((40_000,), device)
+    x = make_tensor((40_000, 64), torch.float32, device, generator=gen(1))
+    y = make_tensor((40_000, 64), torch.float32, device, generator=gen(2))
+    assert_same(torch_masked.select(condition, x, y), torch.where(condition[:, None], x, y))
+    column = random_condition((12_000, 1), device, seed=3)
+    wide = make_tensor((12_000, 1100), torch.float32, device, generator=gen(4))
+    row = make_tensor((1100,), torch.float32, device, generator=gen(5))
+    assert_same(torch_masked.where(column, wide, row), torch.where(column, wide, row))
+    assert_same(torch_masked.where(column, row, wide), torch.where(column, row, wide))
+    blocks = random_condition((90, 70, 1), device, seed=6)
+    transposed = make_tensor((70, 90, 128), torch.float64, device, generator=gen(7)).transpose(0, 1)
+    other = make_tensor((128,), torch.float64, device, generator=gen(8))
+    assert_same(torch_masked.where(blocks, transposed, other), torch.where(blocks, transposed, other))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_select_random_shapes_dtypes_and_layouts(device):
     """Scalar, element-wise and row conditions over shapes, dtypes and memory
     layouts drawn at random agree with torch.where on the CPU."""

@@ -4,13 +4,13 @@
 // host synchronisation to learn the selected count n (the output's size
 // depends on it), then a warp-level compaction of the mask (read back as the
 // bit words the count wrote, an eighth of its bytes) that packs either
-// the data itself (one unit per row, one block) or the selected row numbers,
-// from which a coalesced copy gathers every block's slices. Backward: the
-// output shape is known, so no synchronisation: the same chunk counts and
-// the compaction in reverse when each row is one unit, else a scan of the
-// mask's flags and one kernel that writes every input position, from the
-// gradient or zero. Slices move in units of up to 16 bytes; offsets are
-// 64-bit.
+// the data itself (one unit per row, each block of the outer dimensions a
+// row of the grid) or the selected row numbers, from which a coalesced copy
+// gathers every block's slices. Backward: the output shape is known, so no
+// synchronisation: the same chunk counts and the compaction in reverse when
+// each row is one unit, else a scan of the mask's flags and one kernel that
+// writes every input position, from the gradient or zero. Slices move in
+// units of up to 16 bytes; offsets are 64-bit.
 #include "boolean_mask.h"
 #include "common.h"
 #include "cuda/cub_call.cuh"
@@ -127,65 +127,91 @@ __device__ uint32_t nonzero_byte_bits(uint32_t word) {
 // kLaneFlags bit words at words[kLaneFlags c]: bit l of word i is the flag of
 // the chunk's position 32 i + l (the ballot of lane l's i-th flag). The
 // compaction reads these 64 bytes instead of the chunk's 512 mask bytes.
+// `vector` is the lane's 16 mask bytes when `whole` (loads_whole_vectors).
+__device__ void count_chunk(const MaskByte* __restrict__ mask, int64_t rows, int64_t chunk, bool whole,
+                            const uint4& vector, int64_t* __restrict__ counts, uint32_t* __restrict__ words) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t chunk_start = chunk * kChunk;
+  uint32_t* chunk_words = words + chunk * kLaneFlags;
+  int count = 0;
+  if (whole) {
+    // Lane l holds positions 16 l .. 16 l + 15: word i is the bits of lanes 2 i and 2 i + 1.
+    const uint32_t own = nonzero_byte_bits(vector.x) | nonzero_byte_bits(vector.y) << 4 |
+                         nonzero_byte_bits(vector.z) << 8 | nonzero_byte_bits(vector.w) << 12;
+    const uint32_t next = __shfl_down_sync(0xffffffffu, own, 1);
+    if (lane % 2 == 0) {
+      chunk_words[lane / 2] = own | next << 16;
+    }
+    count = __popc(own);
+  } else {
+    bool flags[kLaneFlags];
+    load_lane_flags(mask, rows, chunk_start, flags);
+    uint32_t own = 0;
+#pragma unroll
+    for (int i = 0; i < kLaneFlags; ++i) {
+      const uint32_t ballot = __ballot_sync(0xffffffffu, flags[i]);
+      own = lane == i ? ballot : own;
+    }
+    if (lane < kLaneFlags) {
+      chunk_words[lane] = own;
+      count = __popc(own);
+    }
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    count += __shfl_down_sync(0xffffffffu, count, offset);
+  }
+  if (lane == 0) {
+    counts[chunk] = count;
+  }
+}
+
+// count_chunk for every chunk, two per warp at a time with both chunks'
+// loads issued first: with one 16-byte load in flight per lane, the pass
+// over the mask ran below copy bandwidth.
+constexpr int kCountChunksPerWarp = 2;
+
 __global__ void count_chunks(const MaskByte* __restrict__ mask, int64_t rows, bool aligned, int64_t chunks,
                              int64_t* __restrict__ counts, uint32_t* __restrict__ words) {
-  const int lane = threadIdx.x % kWarp;
-  for (int64_t chunk = first_warp(); chunk < chunks; chunk += warps_in_grid()) {
-    const int64_t chunk_start = chunk * kChunk;
-    uint32_t* chunk_words = words + chunk * kLaneFlags;
-    int count = 0;
-    if (loads_whole_vectors(aligned, rows, chunk_start)) {
-      // Lane l holds positions 16 l .. 16 l + 15: word i is the bits of lanes 2 i and 2 i + 1.
-      const uint4 v = lane_vector(mask, chunk_start);
-      const uint32_t own = nonzero_byte_bits(v.x) | nonzero_byte_bits(v.y) << 4 | nonzero_byte_bits(v.z) << 8 |
-                           nonzero_byte_bits(v.w) << 12;
-      const uint32_t next = __shfl_down_sync(0xffffffffu, own, 1);
-      if (lane % 2 == 0) {
-        chunk_words[lane / 2] = own | next << 16;
-      }
-      count = __popc(own);
-    } else {
-      bool flags[kLaneFlags];
-      load_lane_flags(mask, rows, chunk_start, flags);
-      uint32_t own = 0;
-#pragma unroll
-      for (int i = 0; i < kLaneFlags; ++i) {
-        const uint32_t ballot = __ballot_sync(0xffffffffu, flags[i]);
-        own = lane == i ? ballot : own;
-      }
-      if (lane < kLaneFlags) {
-        chunk_words[lane] = own;
-        count = __popc(own);
-      }
-    }
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-      count += __shfl_down_sync(0xffffffffu, count, offset);
-    }
-    if (lane == 0) {
-      counts[chunk] = count;
+  const int64_t warps = warps_in_grid();
+  for (int64_t chunk = first_warp(); chunk < chunks; chunk += kCountChunksPerWarp * warps) {
+    const int64_t second = chunk + warps;
+    const bool whole = loads_whole_vectors(aligned, rows, chunk * kChunk);
+    const bool second_whole = second < chunks && loads_whole_vectors(aligned, rows, second * kChunk);
+    const uint4 vector = whole ? lane_vector(mask, chunk * kChunk) : uint4{};
+    const uint4 second_vector = second_whole ? lane_vector(mask, second * kChunk) : uint4{};
+    count_chunk(mask, rows, chunk, whole, vector, counts, words);
+    if (second < chunks) {
+      count_chunk(mask, rows, second, second_whole, second_vector, counts, words);
     }
   }
 }
 
-// What compaction packs for each true flag: its row number...
+// What compaction packs for each true flag: its row number (the same in
+// every block of the outer dimensions: packed once, for one block)...
 struct PackRows {
   int64_t* dst;
+  __device__ PackRows in_block(int64_t) const { return *this; }
   __device__ int64_t fetch(int64_t row) const { return row; }
   __device__ void store(int64_t place, int64_t row) const { dst[place] = row; }
 };
 
-// ...or the row's data, when each row is a single unit.
+// ...or the row's data, when each row is a single unit, in block o of the
+// outer dimensions: src's blocks have `rows` units, dst's `selected`.
 template <typename Unit>
 struct PackUnits {
   const Unit* src;
   Unit* dst;
+  int64_t rows;
+  int64_t selected;
+  __device__ PackUnits in_block(int64_t o) const { return {src + o * rows, dst + o * selected, rows, selected}; }
   __device__ Unit fetch(int64_t row) const { return src[row]; }
   __device__ void store(int64_t place, const Unit& value) const { dst[place] = value; }
 };
 
-// Calls visit(chunk_start, words, place) for each of this warp's chunks,
-// with the chunk's bit words (every lane all of them) and `place`, where
-// the chunk's selection starts: chunk_ends[c - 1].
+// Calls visit(o, chunk_start, words, place) for each of this warp's chunks
+// in block o = blockIdx.y of the outer dimensions, with the chunk's bit
+// words (every lane all of them) and `place`, where the chunk's selection
+// starts: chunk_ends[c - 1].
 template <typename Visit>
 __device__ void for_each_chunk(const uint32_t* __restrict__ words, int64_t chunks,
                                const int64_t* __restrict__ chunk_ends, const Visit& visit) {
@@ -201,7 +227,8 @@ __device__ void for_each_chunk(const uint32_t* __restrict__ words, int64_t chunk
       chunk_bits[4 * q + 2] = v.z;
       chunk_bits[4 * q + 3] = v.w;
     }
-    visit(chunk * kChunk, chunk_bits, chunk == 0 ? int64_t{0} : chunk_ends[chunk - 1]);
+    visit(static_cast<int64_t>(blockIdx.y), chunk * kChunk, chunk_bits,
+          chunk == 0 ? int64_t{0} : chunk_ends[chunk - 1]);
   }
 }
 
@@ -211,15 +238,17 @@ __device__ bool lane_flag(uint32_t word) {
 
 // Packs the true flags' rows (or data) in order: within a chunk a lane's
 // place is the number of true flags before it in the chunk's bit words.
-// Only selected rows are read.
+// Only selected rows are read. The grid's y is the blocks of the outer
+// dimensions.
 template <typename Pack>
 __global__ void compact_chunks(const uint32_t* __restrict__ words, int64_t chunks,
-                               const int64_t* __restrict__ chunk_ends, Pack pack) {
-  using Value = decltype(pack.fetch(0));
+                               const int64_t* __restrict__ chunk_ends, Pack all_blocks) {
+  using Value = decltype(all_blocks.fetch(0));
   const int lane = threadIdx.x % kWarp;
   const unsigned lower_lanes = (1u << lane) - 1;
   for_each_chunk(words, chunks, chunk_ends,
-                 [&](int64_t chunk_start, const uint32_t (&chunk_bits)[kLaneFlags], int64_t place) {
+                 [&](int64_t o, int64_t chunk_start, const uint32_t (&chunk_bits)[kLaneFlags], int64_t place) {
+    const Pack pack = all_blocks.in_block(o);
     // All loads first, so that a lane has them all in flight at once.
     Value values[kLaneFlags];
 #pragma unroll
@@ -241,16 +270,19 @@ __global__ void compact_chunks(const uint32_t* __restrict__ words, int64_t chunk
 // The backward of a mask whose rows are single units, the reverse of
 // compact_chunks: every row of the chunk is written, from the packed
 // gradient where the flag is true (the place counted as there) and zero
-// elsewhere. A place past grad's rows (a grad that does not match the mask)
-// reads nothing and writes zero.
+// elsewhere, in block blockIdx.y of the outer dimensions (grad's blocks
+// have grad_rows units, dst's `rows`). A place past grad's rows (a grad that
+// does not match the mask) reads nothing and writes zero.
 template <typename Unit>
 __global__ void expand_chunks(const uint32_t* __restrict__ words, int64_t rows, int64_t chunks,
-                              const int64_t* __restrict__ chunk_ends, const Unit* __restrict__ grad,
-                              int64_t grad_rows, Unit* __restrict__ dst) {
+                              const int64_t* __restrict__ chunk_ends, const Unit* __restrict__ all_grad,
+                              int64_t grad_rows, Unit* __restrict__ all_dst) {
   const int lane = threadIdx.x % kWarp;
   const unsigned lower_lanes = (1u << lane) - 1;
   for_each_chunk(words, chunks, chunk_ends,
-                 [&](int64_t chunk_start, const uint32_t (&chunk_bits)[kLaneFlags], int64_t place) {
+                 [&](int64_t o, int64_t chunk_start, const uint32_t (&chunk_bits)[kLaneFlags], int64_t place) {
+    const Unit* grad = all_grad + o * grad_rows;
+    Unit* dst = all_dst + o * rows;
     Unit values[kLaneFlags];
 #pragma unroll
     for (int i = 0; i < kLaneFlags; ++i) {
@@ -361,6 +393,16 @@ __global__ void expand_selected_slices(const Unit* __restrict__ grad, const uint
   dst[e] = value;
 }
 
+// Whether compaction moves the data itself (and its reverse the gradient),
+// a block of the outer dimensions per grid row: each row is one unit, the
+// outer blocks fit the grid's y, and the mask is long enough to keep a thread
+// block's warps busy in each of them (a short mask in many blocks is spread
+// better by the gathers).
+bool compaction_moves_units(const MaskedView& view, int64_t units) {
+  constexpr int64_t kMaxGridY = 65535;
+  return units == 1 && (view.outer == 1 || (view.outer <= kMaxGridY && view.rows >= kChunk * (kThreads / kWarp)));
+}
+
 // The mask (contiguous) in chunks of kChunk flags, a warp per chunk: each
 // chunk's bit words, and the inclusive sum of the chunks' true flags: where
 // each chunk's selection ends, the last being the selected count n.
@@ -381,8 +423,8 @@ struct ChunkedMask {
     const auto* data = static_cast<const MaskByte*>(flags.const_data_ptr());
     const bool aligned = reinterpret_cast<uintptr_t>(data) % sizeof(uint4) == 0;
     const at::Tensor counts = uninitialized({chunks}, options.dtype(at::kLong));
-    count_chunks<<<blocks, kThreads, 0, stream>>>(data, rows, aligned, chunks, counts.data_ptr<int64_t>(),
-                                                  words_data());
+    count_chunks<<<(blocks + kCountChunksPerWarp - 1) / kCountChunksPerWarp, kThreads, 0, stream>>>(
+        data, rows, aligned, chunks, counts.data_ptr<int64_t>(), words_data());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t* counts_data = counts.const_data_ptr<int64_t>();
     int64_t* ends_out = ends.data_ptr<int64_t>();
@@ -390,6 +432,9 @@ struct ChunkedMask {
       return cub::DeviceScan::InclusiveSum(temp, temp_bytes, counts_data, ends_out, chunks, stream);
     });
   }
+
+  // Chunks along x, blocks of the outer dimensions along y.
+  dim3 grid(int64_t outer) const { return dim3(blocks, static_cast<unsigned>(outer)); }
 
   const int64_t* ends_data() const { return ends.const_data_ptr<int64_t>(); }
   uint32_t* words_data() const { return reinterpret_cast<uint32_t*>(words.data_ptr<int32_t>()); }
@@ -419,11 +464,11 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     using Unit = decltype(tag);
     const Unit* src_units = static_cast<const Unit*>(src);
     Unit* dst_units = static_cast<Unit*>(result.data_ptr());
-    if (view.outer == 1 && units == 1) {
+    if (compaction_moves_units(view, units)) {
       // Each row is one unit: compaction packs the data itself.
-      compact_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.words_data(), chunked.chunks,
-                                                              chunked.ends_data(),
-                                                              PackUnits<Unit>{src_units, dst_units});
+      compact_chunks<<<chunked.grid(view.outer), kThreads, 0, stream>>>(
+          chunked.words_data(), chunked.chunks, chunked.ends_data(),
+          PackUnits<Unit>{src_units, dst_units, view.rows, selected});
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
@@ -483,14 +528,13 @@ at::Tensor boolean_mask_backward_cuda(const at::Tensor& grad, const at::Tensor& 
   const int64_t grad_rows = packed_grad.size(view.axis);
   dispatch_by_element_size("boolean_mask_backward", unit_bytes, [&](auto tag) {
     using Unit = decltype(tag);
-    if (view.outer == 1 && units == 1) {
+    if (compaction_moves_units(view, units)) {
       // Each row is one unit: the forward's compaction in reverse, with a
       // count per chunk instead of one per row to write and read back.
       const ChunkedMask chunked(mask, view.rows, packed_grad.options(), stream);
-      expand_chunks<<<chunked.blocks, kThreads, 0, stream>>>(chunked.words_data(), chunked.rows,
-                                                             chunked.chunks, chunked.ends_data(),
-                                                             static_cast<const Unit*>(src), grad_rows,
-                                                             static_cast<Unit*>(result.data_ptr()));
+      expand_chunks<<<chunked.grid(view.outer), kThreads, 0, stream>>>(
+          chunked.words_data(), chunked.rows, chunked.chunks, chunked.ends_data(),
+          static_cast<const Unit*>(src), grad_rows, static_cast<Unit*>(result.data_ptr()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }

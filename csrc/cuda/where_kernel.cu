@@ -7,11 +7,12 @@
 //   - rows (the condition fixed along the innermost axis, x and y unit-stride
 //     along it: select's rows, a [N, 1] condition, a scalar one): each row is
 //     copied whole from x or y in the widest units its alignment allows, a
-//     warp per piece of a row;
+//     warp per piece of a row at a time, the grid what the device holds;
 //   - anything else: one output element per thread, offsets from the shared
 //     geometry, dividing in 32 bits where the output's size allows.
 // All offsets are 64-bit.
 #include "element_select.h"
+#include "cuda/grid.cuh"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -124,26 +125,35 @@ __global__ void where_contiguous_kernel(const uint8_t* __restrict__ condition, O
 }
 
 // Copies each innermost run (row) of the output from x or y as condition
-// element of the row says. Work items are (row, piece) pairs, one per warp,
-// so that a few long rows still spread over the whole grid. Offsets are in
-// elements of `element_size` bytes; rows move in units U.
-template <typename U>
-__global__ void select_rows_kernel(SelectGeometry g, int64_t element_size, const uint8_t* __restrict__ condition,
-                                   const char* __restrict__ x, const char* __restrict__ y, char* __restrict__ out,
-                                   int64_t rows) {
+// element of the row says. Work items are (row, piece) pairs, one per warp
+// at a time, so that a few long rows still spread over the whole grid; the
+// grid is what the device holds at once, each warp looping over items. An
+// item's condition byte is loaded while the previous item's data loads are
+// in flight, so a warp waits on one load per item, not on the condition and
+// then the data. Offsets are in elements of `element_size` bytes; rows move
+// in units U; `Index` is the type to divide in.
+template <typename U, typename Index>
+__global__ void __launch_bounds__(kThreads) select_rows_kernel(SelectGeometry g, int64_t element_size,
+                                                               const uint8_t* __restrict__ condition,
+                                                               const char* __restrict__ x, const char* __restrict__ y,
+                                                               char* __restrict__ out, int64_t rows) {
   const int64_t row_len = g.sizes[0];
   const int64_t row_units = row_len * element_size / static_cast<int64_t>(sizeof(U));
-  const int64_t pieces = (row_units + kPieceUnits - 1) / kPieceUnits;
+  const Index pieces = static_cast<Index>((row_units + kPieceUnits - 1) / kPieceUnits);
+  const int64_t items = rows * pieces;
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
-  for (int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; item < rows * pieces;
-       item += warps) {
-    const int64_t row = item / pieces;
+  int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  if (item >= items) {
+    return;
+  }
+  int64_t row = static_cast<Index>(item) / pieces;
+  int64_t offsets[kNumSelectOperands];
+  g.offsets_at(static_cast<Index>(row * row_len), offsets);
+  bool pick_x = condition[offsets[kCondition]] != 0;
+  while (true) {
     const int64_t first = (item - row * pieces) * kPieceUnits;
     const int64_t count = row_units - first < kPieceUnits ? row_units - first : kPieceUnits;
-    int64_t offsets[kNumSelectOperands];
-    g.offsets_at(row * row_len, offsets);
-    const bool pick_x = condition[offsets[kCondition]] != 0;
     const U* src =
         reinterpret_cast<const U*>(pick_x ? x + offsets[kX] * element_size : y + offsets[kY] * element_size) + first;
     U* dst = reinterpret_cast<U*>(out + row * row_len * element_size) + first;
@@ -154,11 +164,21 @@ __global__ void select_rows_kernel(SelectGeometry g, int64_t element_size, const
         values[k] = src[lane + k * kWarp];
       }
     }
+    item += warps;
+    const bool more = item < items;
+    if (more) {
+      row = static_cast<Index>(item) / pieces;
+      g.offsets_at(static_cast<Index>(row * row_len), offsets);
+      pick_x = condition[offsets[kCondition]] != 0;
+    }
 #pragma unroll
     for (int k = 0; k < kLaneUnits; ++k) {
       if (lane + k * kWarp < count) {
         dst[lane + k * kWarp] = values[k];
       }
+    }
+    if (!more) {
+      return;
     }
   }
 }
@@ -237,13 +257,16 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
     const int64_t rows = n / g.sizes[0];
     const int64_t row_units = g.sizes[0] * static_cast<int64_t>(sizeof(T)) / unit;
     const int64_t pieces = (row_units + kPieceUnits - 1) / kPieceUnits;
-    const int blocks = blocks_for(rows * pieces, kThreads / kWarp);
     dispatch_by_element_size("select", unit, [&](auto unit_tag) {
-      using U = decltype(unit_tag);
-      select_rows_kernel<U><<<blocks, kThreads, 0, stream>>>(
-          g, sizeof(T), c, reinterpret_cast<const char*>(x.data), reinterpret_cast<const char*>(y.data),
-          reinterpret_cast<char*>(out), rows);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      with_index_type(n, [&](auto index) {
+        constexpr auto kernel = select_rows_kernel<decltype(unit_tag), decltype(index)>;
+        const int blocks = static_cast<int>(
+            std::min<int64_t>(blocks_for(rows * pieces, kThreads / kWarp), resident_blocks<kernel>(kThreads)));
+        kernel<<<blocks, kThreads, 0, stream>>>(g, sizeof(T), c, reinterpret_cast<const char*>(x.data),
+                                                reinterpret_cast<const char*>(y.data), reinterpret_cast<char*>(out),
+                                                rows);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     });
     return;
   }
