@@ -11,6 +11,13 @@
 # installed first if present. The tests may take TEST_LIMIT seconds (240);
 # the benchmarks what is left of TOTAL_LIMIT (540), so that a hang still
 # leaves the rows measured before it (run.py rewrites rows.json after each).
+#
+# MEMCHECK_LIMIT=N (seconds; unset or 0: skipped) runs, after the tests, the
+# CUDA tests of random, long and many-row inputs again under
+# compute-sanitizer's memcheck, with PyTorch's caching allocator off so that
+# each tensor is an allocation of its own and a read or write past it is
+# seen (inside a cached block it would not be):
+#   MEMCHECK_LIMIT=150 OPS=where bash benchmarks/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"
@@ -36,6 +43,15 @@ timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cachepr
 tests_rc=$?
 grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
 echo "tests rc=${tests_rc} after ${SECONDS}s"
+
+if [ "${MEMCHECK_LIMIT:-0}" -gt 0 ]; then
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$MEMCHECK_LIMIT" compute-sanitizer --tool memcheck \
+    --error-exitcode 9 --print-limit 20 python3 -m pytest tests -q -x -p no:cacheprovider -m cuda \
+    -k "random or long or several or more_than" > "$OUT/memcheck.log" 2>&1
+  memcheck_rc=$?
+  grep -E "^========= [A-Z]|passed|failed" "$OUT/memcheck.log" | head -30
+  echo "memcheck rc=${memcheck_rc} (0: clean; 9: errors found; 124: cut short) after ${SECONDS}s"
+fi
 
 # The copy-bandwidth ceiling that the bandwidth column is read against.
 python3 - <<'PY' | tee "$OUT/copy_bandwidth.txt"
