@@ -45,7 +45,8 @@ grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
 echo "tests rc=${tests_rc} after ${SECONDS}s"
 
 if [ "${MEMCHECK_LIMIT:-0}" -gt 0 ]; then
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$MEMCHECK_LIMIT" compute-sanitizer --tool memcheck \
+  sanitizer=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$MEMCHECK_LIMIT" "$sanitizer" --tool memcheck \
     --error-exitcode 9 --print-limit 20 python3 -m pytest tests -q -x -p no:cacheprovider -m cuda \
     -k "random or long or several or more_than" > "$OUT/memcheck.log" 2>&1
   memcheck_rc=$?

@@ -468,6 +468,23 @@ def test_bool_updates_or_together(device):
     assert torch_masked.tensor_scatter_nd_add(base, indices, updates).tolist() == [True, True, True, False]
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16])
+def test_cuda_word_atomics_stay_inside_the_output(dtype):
+    """1- and 2-byte elements are added through the 4-byte word that holds
+    them: the output's allocation is padded to whole words, so the word of
+    its last element is inside it whatever the allocator."""
+    indices = torch.tensor([[4], [4], [0]], device="cuda")
+    updates = torch.ones(3, dtype=dtype, device="cuda")
+    out = torch_masked.scatter_nd(indices, updates, [5])
+    expected = torch.tensor([1, 0, 0, 0, 1 if dtype == torch.bool else 2]).to(dtype)
+    assert torch.equal(out.cpu(), expected)
+    assert out.is_contiguous() and not out._is_view()
+    assert out.untyped_storage().nbytes() >= 8
+    base = torch.zeros(5, dtype=dtype, device="cuda")
+    assert torch.equal(torch_masked.tensor_scatter_nd_add(base, indices, updates).cpu(), expected)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_inputs(device):
     def long(values, *shape):

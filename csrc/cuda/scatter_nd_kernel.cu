@@ -35,6 +35,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/accumulate.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -70,9 +71,8 @@ __device__ inline void note_bad_row(int64_t* first_bad, int64_t row) {
 // Adds v to a 1- or 2-byte value through a compare-and-swap on the aligned
 // 32-bit word that holds it. For the last elements of an output whose size
 // is not a multiple of 4 bytes that word reaches past the tensor, but not
-// past its allocation (the caching allocator hands out whole multiples of
-// 512 bytes, and the output is always a fresh one), and the other bytes are
-// written back as they were.
+// past its allocation (scatter_output pads it to whole words), and the other
+// bytes are written back as they were.
 template <typename T>
 __device__ void atomic_add_in_word(T* address, T v) {
   static_assert(sizeof(T) <= 2, "sub-word types only");
@@ -97,8 +97,8 @@ __device__ void atomic_add_in_word(T* address, T v) {
 template <typename T>
 __device__ inline void atomic_accumulate(T* address, T v) {
   if constexpr (std::is_same_v<T, bool>) {
-    // OR the byte's 0/1 into its word (which may reach past the tensor, as
-    // in atomic_add_in_word).
+    // OR the byte's 0/1 into its word (which may reach past the tensor into
+    // its padding, as in atomic_add_in_word).
     if (v) {
       const uintptr_t addr = reinterpret_cast<uintptr_t>(address);
       atomicOr(reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3}), 1u << ((addr & 3) * 8));
@@ -583,12 +583,29 @@ void scatter_fixed_point(const NdIndexGeometry& g, const index_t* indices, const
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The output of a scatter, its allocation padded to whole 4-byte words for
+// the word-wide atomics of 1- and 2-byte elements (atomic_add_in_word). The
+// tensor takes the padded storage whole (set_, not a view of a larger
+// tensor); without the padding only the caching allocator's rounding kept
+// the last word inside the allocation.
+at::Tensor scatter_output(at::IntArrayRef shape, const at::TensorOptions& options) {
+  const int64_t element_size = static_cast<int64_t>(options.dtype().itemsize());
+  if (element_size >= 4) {
+    return uninitialized(shape, options);
+  }
+  const int64_t bytes = c10::multiply_integers(shape) * element_size;
+  const at::Tensor padded = uninitialized({(bytes + 3) / 4 * 4}, options.dtype(at::kByte));
+  at::Tensor output = uninitialized({0}, options);
+  output.set_(padded.storage(), 0, shape);
+  return output;
+}
+
 at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntArrayRef shape,
                              const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
                              bool check_bounds) {
   const c10::cuda::CUDAGuard guard(updates.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor output = uninitialized(shape, updates.options());
+  at::Tensor output = scatter_output(shape, updates.options());
   if (tensor != nullptr) {
     output.copy_(*tensor);
   } else if (output.numel() > 0) {
