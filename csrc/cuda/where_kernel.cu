@@ -8,8 +8,9 @@
 //     along it: select's rows, a [N, 1] condition, a scalar one): each row is
 //     copied whole from x or y in the widest units its alignment allows, a
 //     warp per piece of a row at a time, the grid what the device holds;
-//   - anything else: one output element per thread, offsets from the shared
-//     geometry, dividing in 32 bits where the output's size allows.
+//   - anything else: four output elements per thread, all loads before any
+//     store, offsets from the shared geometry, dividing in 32 bits where the
+//     output's size allows.
 // All offsets are 64-bit.
 #include "element_select.h"
 #include "cuda/grid.cuh"
@@ -183,14 +184,39 @@ __global__ void __launch_bounds__(kThreads) select_rows_kernel(SelectGeometry g,
   }
 }
 
+// Any other geometry: each thread takes kStridedItems output elements,
+// blockDim apart (consecutive threads write consecutive elements), and
+// loads the condition, x and y of all of them before storing any; one load
+// in flight per thread left the H200 waiting on each.
+constexpr int kStridedItems = 4;
+
 template <typename T, typename Index>
 __global__ void where_strided_kernel(SelectGeometry g, const uint8_t* __restrict__ condition, Operand<T> x,
                                      Operand<T> y, T* __restrict__ out, int64_t n) {
-  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += threads) {
-    int64_t offsets[kNumSelectOperands];
-    g.offsets_at(static_cast<Index>(i), offsets);
-    out[i] = condition[offsets[kCondition]] ? x.at(offsets[kX]) : y.at(offsets[kY]);
+  const int64_t tile = static_cast<int64_t>(blockDim.x) * kStridedItems;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * tile + threadIdx.x; first < n;
+       first += static_cast<int64_t>(gridDim.x) * tile) {
+    bool c[kStridedItems];
+    T a[kStridedItems];
+    T b[kStridedItems];
+#pragma unroll
+    for (int k = 0; k < kStridedItems; ++k) {
+      const int64_t i = first + static_cast<int64_t>(k) * blockDim.x;
+      if (i < n) {
+        int64_t offsets[kNumSelectOperands];
+        g.offsets_at(static_cast<Index>(i), offsets);
+        c[k] = condition[offsets[kCondition]] != 0;
+        a[k] = x.at(offsets[kX]);
+        b[k] = y.at(offsets[kY]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStridedItems; ++k) {
+      const int64_t i = first + static_cast<int64_t>(k) * blockDim.x;
+      if (i < n) {
+        out[i] = c[k] ? a[k] : b[k];
+      }
+    }
   }
 }
 
@@ -271,7 +297,8 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
     return;
   }
   with_index_type(n, [&](auto index) {
-    where_strided_kernel<T, decltype(index)><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(g, c, x, y, out, n);
+    where_strided_kernel<T, decltype(index)><<<blocks_for(n, kThreads * kStridedItems), kThreads, 0, stream>>>(
+        g, c, x, y, out, n);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
