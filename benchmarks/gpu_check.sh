@@ -13,7 +13,8 @@
 # leaves the rows measured before it (run.py rewrites rows.json after each).
 #
 # MEMCHECK_LIMIT=N (seconds; unset or 0: skipped) runs, after the tests, the
-# CUDA tests of random, long and many-row inputs again under
+# CUDA tests of random, long and many-row inputs and of scatter's word-wide
+# atomics again under
 # compute-sanitizer's memcheck, with PyTorch's caching allocator off so that
 # each tensor is an allocation of its own and a read or write past it is
 # seen (inside a cached block it would not be):
@@ -48,7 +49,7 @@ if [ "${MEMCHECK_LIMIT:-0}" -gt 0 ]; then
   sanitizer=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$MEMCHECK_LIMIT" "$sanitizer" --tool memcheck \
     --error-exitcode 9 --print-limit 20 python3 -m pytest tests -q -x -p no:cacheprovider -m cuda \
-    -k "random or long or several or more_than" > "$OUT/memcheck.log" 2>&1
+    -k "random or long or several or more_than or word_atomics" > "$OUT/memcheck.log" 2>&1
   memcheck_rc=$?
   grep -E "^========= [A-Z]|passed|failed" "$OUT/memcheck.log" | head -30
   echo "memcheck rc=${memcheck_rc} (0: clean; 9: errors found; 124: cut short) after ${SECONDS}s"
