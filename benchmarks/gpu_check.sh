@@ -14,10 +14,9 @@
 #
 # MEMCHECK_LIMIT=N (seconds; unset or 0: skipped) runs, after the tests, the
 # CUDA tests of random, long and many-row inputs and of scatter's word-wide
-# atomics again under
-# compute-sanitizer's memcheck, with PyTorch's caching allocator off so that
-# each tensor is an allocation of its own and a read or write past it is
-# seen (inside a cached block it would not be):
+# atomics again under compute-sanitizer's memcheck, with PyTorch's caching
+# allocator off so that each tensor is an allocation of its own and a read
+# or write past it is seen (inside a cached block it would not be):
 #   MEMCHECK_LIMIT=150 OPS=where bash benchmarks/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
