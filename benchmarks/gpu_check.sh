@@ -4,20 +4,23 @@
 # benchmarks, and print the speed goals' short table last
 # (benchmarks/goals.py). Logs go to $OUT (or /tmp/gpu_check).
 #
-#   bash benchmarks/gpu_check.sh            # everything
+#   bash benchmarks/gpu_check.sh            # build, tests, benchmarks
 #   OPS=nonzero,where bash benchmarks/gpu_check.sh
+#   STEPS=memcheck bash benchmarks/gpu_check.sh
 #
+# STEPS (default "tests bench") says what follows the build:
+#   tests     the whole suite, for at most TEST_LIMIT seconds (240);
+#   memcheck  the CUDA tests of random, long and many-row inputs and of
+#             scatter's word-wide atomics under compute-sanitizer's memcheck,
+#             for at most MEMCHECK_LIMIT seconds (150), PyTorch's caching
+#             allocator off so that each tensor is an allocation of its own
+#             and an access past it is seen (in a cached block it is not);
+#   bench     the copy bandwidth, then the CUDA benchmarks for what is left
+#             of TOTAL_LIMIT (540), so that a hang still leaves the rows
+#             measured before it (run.py rewrites rows.json after each), and
+#             the goals table.
 # A wheel folder .whl/ (e.g. expecttest, absent on some GPU images) is
-# installed first if present. The tests may take TEST_LIMIT seconds (240);
-# the benchmarks what is left of TOTAL_LIMIT (540), so that a hang still
-# leaves the rows measured before it (run.py rewrites rows.json after each).
-#
-# MEMCHECK_LIMIT=N (seconds; unset or 0: skipped) runs, after the tests, the
-# CUDA tests of random, long and many-row inputs and of scatter's word-wide
-# atomics again under compute-sanitizer's memcheck, with PyTorch's caching
-# allocator off so that each tensor is an allocation of its own and a read
-# or write past it is seen (inside a cached block it would not be):
-#   MEMCHECK_LIMIT=150 OPS=where bash benchmarks/gpu_check.sh
+# installed first if present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"
@@ -38,20 +41,28 @@ if ! TORCH_MASKED_CUDA=1 python3 setup.py build_ext --inplace > "$OUT/build.log"
   exit 1
 fi
 echo "built in ${SECONDS}s"
+STEPS="${STEPS:-tests bench}"
 
-timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
-tests_rc=$?
-grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
-echo "tests rc=${tests_rc} after ${SECONDS}s"
 
-if [ "${MEMCHECK_LIMIT:-0}" -gt 0 ]; then
+if [[ " $STEPS " == *" tests "* ]]; then
+  timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  tests_rc=$?
+  grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
+  echo "tests rc=${tests_rc} after ${SECONDS}s"
+fi
+
+if [[ " $STEPS " == *" memcheck "* ]]; then
   sanitizer=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$MEMCHECK_LIMIT" "$sanitizer" --tool memcheck \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "${MEMCHECK_LIMIT:-150}" "$sanitizer" --tool memcheck \
     --error-exitcode 9 --print-limit 20 python3 -m pytest tests -q -x -p no:cacheprovider -m cuda \
     -k "random or long or several or more_than or word_atomics" > "$OUT/memcheck.log" 2>&1
   memcheck_rc=$?
   grep -E "^========= [A-Z]|passed|failed" "$OUT/memcheck.log" | head -30
   echo "memcheck rc=${memcheck_rc} (0: clean; 9: errors found; 124: cut short) after ${SECONDS}s"
+fi
+
+if [[ " $STEPS " != *" bench "* ]]; then
+  exit 0
 fi
 
 # The copy-bandwidth ceiling that the bandwidth column is read against.
