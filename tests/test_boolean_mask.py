@@ -350,6 +350,27 @@ def test_backward_checks_the_selected_count(device):
         backward_op(torch.zeros(3, 4, device=device), mask, [3, 4], 0)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("row_shape", [(), (64,), (3,)], ids=str)
+def test_cuda_synchronises_in_the_forward_only(row_shape):
+    """The forward's one synchronisation (to learn n) is seen by
+    torch.cuda.set_sync_debug_mode, as torch's x[mask] is; the backward,
+    whose output shape is known, has none. Each row kind: one unit, whole
+    16-byte units, and 12-byte slices (the general backward)."""
+    tensor = random_values((5000,) + row_shape, torch.float32, "cuda")
+    mask = random_mask((5000,), "cuda")
+    grad = random_values((int(mask.sum()),) + row_shape, torch.float32, "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            boolean_mask_op(tensor, mask)
+        result = backward_op(grad, mask, list(tensor.shape), 0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert_same(result, backward_reference(grad, mask, list(tensor.shape), 0))
+
+
 @pytest.mark.parametrize("other", OTHER_DEVICES)
 def test_devices_differ(other):
     tensor = torch.zeros(3, 4, device=other)

@@ -420,6 +420,44 @@ def test_select_rows_of_a_slice(device):
     assert_same(torch_masked.where(condition[:, None], x, y[0]), torch.where(condition[:, None], x, y[0]))
 
 
+@pytest.mark.cuda
+def test_cuda_never_synchronises():
+    """No path of where or select, forward or backward, waits for the GPU
+    (torch.cuda.set_sync_debug_mode would refuse it): the vector, row and
+    strided kernels, a Python number, and the gradients."""
+    condition = random_condition((300, 64), "cuda")
+    rows = condition[:, 0].contiguous()
+    x = torch.randn(300, 64, device="cuda", requires_grad=True)
+    y = torch.randn(300, 64, device="cuda", requires_grad=True)
+    column = torch.randn(64, device="cuda")
+    upstream = torch.randn(300, 64, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        results = [
+            torch_masked.where(condition, x, y),
+            torch_masked.where(rows[:, None], x, column),
+            torch_masked.where(condition[:1], x.t().contiguous().t(), y),
+            torch_masked.where(condition, x, 0.0),
+            torch_masked.select(rows, x, y),
+        ]
+        grads = torch.autograd.grad([r for r in results], (x, y), [upstream] * len(results))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    expected = [
+        torch.where(condition, x, y),
+        torch.where(rows[:, None], x, column),
+        torch.where(condition[:1], x, y),
+        torch.where(condition, x, 0.0),
+        torch.where(rows[:, None], x, y),
+    ]
+    for result, reference in zip(results, expected):
+        assert_same(result.detach(), reference.detach())
+    expected_grads = torch.autograd.grad(expected, (x, y), [upstream] * len(expected))
+    for grad, reference in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, reference)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rows_more_than_the_grid_holds(device):
     """More rows (and pieces of rows) than the CUDA row kernel has warps at

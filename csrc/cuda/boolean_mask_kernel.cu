@@ -16,6 +16,7 @@
 #include "cuda/cub_call.cuh"
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -50,11 +51,12 @@ at::Tensor inclusive_counts(const uint8_t* mask, int64_t rows, const at::TensorO
   return counts;
 }
 
-// The one host synchronisation of the forward op.
+// The one host synchronisation of the forward op, through c10's copy, so
+// that torch.cuda.set_sync_debug_mode warns of it (or refuses it) as it does
+// of torch's own x[mask].
 int64_t read_to_host(const int64_t* value, cudaStream_t stream) {
   int64_t host = 0;
-  C10_CUDA_CHECK(cudaMemcpyAsync(&host, value, sizeof(host), cudaMemcpyDeviceToHost, stream));
-  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  c10::cuda::memcpy_and_sync(&host, value, sizeof(host), cudaMemcpyDeviceToHost, stream);
   return host;
 }
 
