@@ -528,16 +528,21 @@ struct AddInFixedPoint {
   }
 };
 
-// Adds each element's sum to the output (which holds the base, or zeros) in
-// double, and only then converts to the output's type. In float the sum alone
-// could overflow first: -6e38 would become -inf, and a base of +inf would
-// then give NaN where adding in index order gives +inf.
+// Adds each element's sum to its base in double, and only then converts to
+// the output's type. In float the sum alone could overflow first: -6e38
+// would become -inf, and a base of +inf would then give NaN where adding in
+// index order gives +inf. The base is the output's value (tensor_scatter_nd_add)
+// or, without one (scatter_nd, whose output is then not zeroed beforehand),
+// +0.0: every element is written, as the sum into zeros would be.
 template <typename scalar_t>
 __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned long long* sums, int fraction_bits,
-                                          scalar_t* out, int64_t elements) {
+                                          bool has_base, scalar_t* out, int64_t elements) {
   GRID_STRIDE_LOOP(i, elements) {
     const uint32_t code = codes[i];
     if (code == 0) {
+      if (!has_base) {
+        out[i] = scalar_t(0);
+      }
       continue;
     }
     double sum;
@@ -551,18 +556,23 @@ __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned 
     } else {
       sum = scalbn(static_cast<double>(static_cast<long long>(sums[i])), scale_exponent(code) + 1 - fraction_bits);
     }
-    out[i] = static_cast<scalar_t>(static_cast<float>(static_cast<double>(static_cast<float>(out[i])) + sum));
+    const double base = has_base ? static_cast<double>(static_cast<float>(out[i])) : 0.0;
+    out[i] = static_cast<scalar_t>(static_cast<float>(base + sum));
   }
 }
 
-bool fits_fixed_point(const NdIndexGeometry& g) {
+// Whether a deterministic scatter sums in fixed point: float, half and
+// bfloat16 updates, some of them, into an output small enough.
+bool takes_fixed_point(at::ScalarType dtype, const NdIndexGeometry& g) {
   const int64_t elements = g.num_slots * g.slice_size;
-  return elements > 0 && elements <= kFixedPointMaxElements && g.num_rows <= kFixedPointMaxRows;
+  return at::globalContext().deterministicAlgorithms() &&
+         (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && g.num_rows > 0 && elements > 0 &&
+         elements <= kFixedPointMaxElements && g.num_rows <= kFixedPointMaxRows;
 }
 
 template <typename scalar_t, typename index_t>
-void scatter_fixed_point(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates, scalar_t* out,
-                         int64_t* first_bad, cudaStream_t stream) {
+void scatter_fixed_point(const NdIndexGeometry& g, const index_t* indices, const scalar_t* updates, bool has_base,
+                         scalar_t* out, int64_t* first_bad, cudaStream_t stream) {
   const int64_t elements = g.num_slots * g.slice_size;
   int row_bits = 0;
   while ((int64_t{1} << row_bits) < g.num_rows) {
@@ -578,8 +588,8 @@ void scatter_fixed_point(const NdIndexGeometry& g, const index_t* indices, const
   for_each_update(g, indices, updates, first_bad, NoteCode{codes}, stream);
   // The rows out of bounds are noted already.
   for_each_update(g, indices, updates, nullptr, AddInFixedPoint{codes, sums, fraction_bits}, stream);
-  fixed_point_finish_kernel<<<blocks_for(elements), kThreads, 0, stream>>>(codes, sums, fraction_bits, out,
-                                                                           elements);
+  fixed_point_finish_kernel<<<blocks_for(elements), kThreads, 0, stream>>>(codes, sums, fraction_bits, has_base,
+                                                                           out, elements);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -606,9 +616,11 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
   const c10::cuda::CUDAGuard guard(updates.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor output = scatter_output(shape, updates.options());
+  // The fixed-point sums write every element of an output without a base.
+  const bool fixed_point = takes_fixed_point(updates.scalar_type(), g);
   if (tensor != nullptr) {
     output.copy_(*tensor);
-  } else if (output.numel() > 0) {
+  } else if (output.numel() > 0 && !fixed_point) {
     C10_CUDA_CHECK(cudaMemsetAsync(output.mutable_data_ptr(), 0, output.nbytes(), stream));  // zero bits: 0, false
   }
   if (g.num_rows == 0) {
@@ -633,8 +645,8 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
           constexpr bool kFixedPointType = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::Half> ||
                                            std::is_same_v<scalar_t, at::BFloat16>;
           if constexpr (kFixedPointType) {
-            if (fits_fixed_point(g)) {
-              scatter_fixed_point(g, index_data, update_data, out_data, first_bad_ptr, stream);
+            if (fixed_point) {
+              scatter_fixed_point(g, index_data, update_data, tensor != nullptr, out_data, first_bad_ptr, stream);
               return;
             }
           }
