@@ -531,9 +531,9 @@ struct AddInFixedPoint {
 // Adds each element's sum to its base in double, and only then converts to
 // the output's type. In float the sum alone could overflow first: -6e38
 // would become -inf, and a base of +inf would then give NaN where adding in
-// index order gives +inf. The base is the output's value (tensor_scatter_nd_add)
-// or, without one (scatter_nd, whose output is then not zeroed beforehand),
-// +0.0: every element is written, as the sum into zeros would be.
+// index order gives +inf. The base is the output's value
+// (tensor_scatter_nd_add) or, for scatter_nd, +0.0: its output is not
+// zeroed beforehand, and every element is written, as into zeros.
 template <typename scalar_t>
 __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned long long* sums, int fraction_bits,
                                           bool has_base, scalar_t* out, int64_t elements) {
@@ -561,8 +561,9 @@ __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned 
   }
 }
 
-// Whether a deterministic scatter sums in fixed point: float, half and
-// bfloat16 updates, some of them, into an output small enough.
+// Whether a deterministic scatter sums in fixed point: float, half or
+// bfloat16 updates (at least one) into an output of at most
+// kFixedPointMaxElements elements.
 bool takes_fixed_point(at::ScalarType dtype, const NdIndexGeometry& g) {
   const int64_t elements = g.num_slots * g.slice_size;
   return at::globalContext().deterministicAlgorithms() &&
