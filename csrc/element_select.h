@@ -183,6 +183,19 @@ inline Selection prepare_where_number(const at::Tensor& condition, const at::Ten
   return make_selection("where", condition, x, y, broadcast_select_shape(condition, x, y), dtype);
 }
 
+// select's condition as where's, for an x of rank `rank`: a row condition
+// (1-D over the first axis of an x of rank >= 2) becomes the column
+// [rows, 1, ..., 1], which broadcasting takes to whole rows; a scalar or
+// element-wise one stays as it is. Symbolic sizes, for the gradient's trace.
+inline at::Tensor select_condition_as_where(const at::Tensor& condition, int64_t rank) {
+  if (condition.dim() != 1 || rank <= 1) {
+    return condition;
+  }
+  std::vector<c10::SymInt> column(rank, 1);
+  column[0] = condition.sym_size(0);
+  return condition.view_symint(column);
+}
+
 // masked::select: x and y of one shape; condition a scalar, of x's shape, or
 // (x of rank >= 1) 1-D over x's first axis, picking whole rows.
 inline Selection prepare_select(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
@@ -194,11 +207,8 @@ inline Selection prepare_select(const at::Tensor& condition, const at::Tensor& x
   const bool rows = x.dim() >= 1 && condition.dim() == 1 && condition.size(0) == x.size(0);
   MASKED_CHECK(elementwise || rows, "select: expected condition to be a scalar, of x's shape ", x.sizes(),
               ", or 1-D of length x.shape[0], got condition of shape ", condition.sizes());
-  // A row condition is a column [rows, 1, ..., 1]: broadcasting does the rest.
-  std::vector<int64_t> column_shape(std::max<int64_t>(x.dim(), 1), 1);
-  column_shape[0] = condition.numel();
-  const at::Tensor shaped = elementwise ? condition : condition.view(column_shape);
-  return make_selection("select", shaped, x, y, x.sizes(), at::result_type(x, y));
+  return make_selection("select", select_condition_as_where(condition, x.dim()), x, y, x.sizes(),
+                        at::result_type(x, y));
 }
 
 }  // namespace torch_masked

@@ -327,19 +327,19 @@ def test_deterministic_mode_special_values_as_in_index_order(device, dtype):
     indices = torch.tensor([[slot] for slot, _ in rows])
     updates = torch.tensor([value for _, value in rows], dtype=dtype)
     base = torch.tensor([0.0, 0.0, 0.0, 0.0, -0.0, 0.0, 0.0, -0.0, -0.0], dtype=dtype)  # slot 8: untouched
-    sums = base.to(torch.float32, copy=True)
-    for (slot, _), value in zip(rows, updates.float()):
-        sums[slot] = sums[slot] + value  # float32 arithmetic, rounded to dtype once
-    expected = sums.to(dtype)
+
+    def sums_in_index_order(start):
+        sums = start.to(torch.float32, copy=True)
+        for (slot, _), value in zip(rows, updates.float()):
+            sums[slot] = sums[slot] + value  # float32 arithmetic, rounded to dtype once
+        return sums.to(dtype)
+
+    expected = sums_in_index_order(base)
     assert expected.isnan().tolist() == [False, True, True] + [False] * 6
     # scatter_nd: the same sums into zeros (-0.0 updates alone give +0.0, as
     # adding them to 0.0 does; slot 8 stays 0), its output never zeroed first
     # on CUDA's fixed-point path.
-    into_zeros = torch.zeros(9)
-    for (slot, _), value in zip(rows, updates.float()):
-        into_zeros[slot] = into_zeros[slot] + value
-    cases = [(base, expected), (None, into_zeros.to(dtype))]
-    for start, want in cases:
+    for start, want in [(base, expected), (None, sums_in_index_order(torch.zeros(9)))]:
         with deterministic_algorithms():
             if start is None:
                 out = torch_masked.scatter_nd(indices.to(device), updates.to(device), [9]).cpu()

@@ -7,6 +7,7 @@
 // backward work. In C++ rather than with torch.library.register_autograd:
 // the Python layer cost more than the kernels on sub-millisecond calls.
 #include "autograd/records_graph.h"
+#include "element_select.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -65,19 +66,11 @@ struct Select {
         c10::Dispatcher::singleton().findSchemaOrThrow("masked::select", "").typed<SelectionSignature>();
     return op.call(condition, x, y);
   }
-  static at::Tensor as_where_condition(const at::Tensor& condition, const at::Tensor& grad) {
-    if (condition.dim() != 1 || grad.dim() <= 1) {
-      return condition;  // a scalar or element-wise condition
-    }
-    std::vector<c10::SymInt> column(grad.dim(), 1);
-    column[0] = condition.sym_size(0);
-    return condition.view_symint(column);
-  }
   static at::Tensor x_part(const at::Tensor& condition, const at::Tensor& grad) {
-    return where_number_y(as_where_condition(condition, grad), grad, 0);
+    return where_number_y(select_condition_as_where(condition, grad.dim()), grad, 0);
   }
   static at::Tensor y_part(const at::Tensor& condition, const at::Tensor& grad) {
-    return where_number_x(as_where_condition(condition, grad), 0, grad);
+    return where_number_x(select_condition_as_where(condition, grad.dim()), 0, grad);
   }
 };
 
