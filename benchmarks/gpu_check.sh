@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_check.sh            # build, tests, benchmarks
 #   OPS=nonzero,where bash benchmarks/gpu_check.sh
 #   STEPS=memcheck bash benchmarks/gpu_check.sh
+#   STEPS=profile bash benchmarks/gpu_check.sh
 #
 # STEPS (default "tests bench") says what follows the build:
 #   tests     the whole suite, for at most TEST_LIMIT seconds (240);
@@ -15,6 +16,11 @@
 #             for at most MEMCHECK_LIMIT seconds (150), PyTorch's caching
 #             allocator off so that each tensor is an allocation of its own
 #             and an access past it is seen (in a cached block it is not);
+#   profile   where the time goes, kernel by kernel, in the 1e8 `where`,
+#             `select` and `boolean_mask` cases and the 1e6/1e7 float32
+#             element scatters (benchmarks/profile_kernels.py; PROFILE_MATCH,
+#             substrings of the cases separated by ';', picks others), for at
+#             most PROFILE_LIMIT seconds (150);
 #   bench     the copy bandwidth, then the CUDA benchmarks for what is left
 #             of TOTAL_LIMIT (540), so that a hang still leaves the rows
 #             measured before it (run.py rewrites rows.json after each), and
@@ -59,6 +65,17 @@ if [[ " $STEPS " == *" memcheck "* ]]; then
   memcheck_rc=$?
   grep -E "^========= [A-Z]|passed|failed" "$OUT/memcheck.log" | head -30
   echo "memcheck rc=${memcheck_rc} (0: clean; 9: errors found; 124: cut short) after ${SECONDS}s"
+fi
+
+if [[ " $STEPS " == *" profile "* ]]; then
+  default_match="x [100000,1000];x,y [100000,1000];1-D 1e+08 d=0.99;rows 1e+08 d=0.99;columns 1e+08 d=0.99"
+  default_match+=";element U=1e+06 N=1e+06 float32;element U=1e+07 N=1e+07 float32"
+  IFS=';' read -ra matches <<< "${PROFILE_MATCH:-$default_match}"
+  match_args=()
+  for m in "${matches[@]}"; do match_args+=(--match "$m"); done
+  timeout -k 10 "${PROFILE_LIMIT:-150}" python3 benchmarks/profile_kernels.py ${OPS:+--ops "$OPS"} "${match_args[@]}" \
+    2>&1 | tee "$OUT/profile.txt"
+  echo "profile done after ${SECONDS}s"
 fi
 
 if [[ " $STEPS " != *" bench "* ]]; then
