@@ -6,7 +6,7 @@ Environment switches:
   TORCH_MASKED_CUDA=0     CPU-only build, even where CUDA is available.
   TORCH_MASKED_CUDA=1     insist on CUDA: fail if it cannot be built.
   (unset)                 CUDA when possible, else CPU only.
-  DEBUG=1                 -O0 -g instead of -O3.
+  DEBUG=1                 -O0 -g instead of -O3 -g0.
   TORCH_CUDA_ARCH_LIST    GPU architectures, e.g. "9.0" or "8.0;9.0+PTX".
                           Default: the visible GPU's, else "8.0;9.0+PTX".
 """
