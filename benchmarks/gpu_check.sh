@@ -49,7 +49,6 @@ fi
 echo "built in ${SECONDS}s"
 STEPS="${STEPS:-tests bench}"
 
-
 if [[ " $STEPS " == *" tests "* ]]; then
   timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
   tests_rc=$?

@@ -441,7 +441,7 @@ def test_cuda_never_synchronises():
             torch_masked.where(condition, x, 0.0),
             torch_masked.select(rows, x, y),
         ]
-        grads = torch.autograd.grad([r for r in results], (x, y), [upstream] * len(results))
+        grads = torch.autograd.grad(results, (x, y), [upstream] * len(results))
     finally:
         torch.cuda.set_sync_debug_mode(0)
     expected = [
