@@ -341,6 +341,7 @@ def test_errors(device):
         backward_op(torch.zeros(3, 4, device=device), mask[:, 0], [3, -4], 0)
 
 
+@pytest.mark.cpu_kernel
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_checks_the_selected_count(device):
     mask = torch.tensor([True, False, True], device=device)

@@ -226,6 +226,7 @@ def _refuses_more_than_25_dimensions(x):
             torch_masked.nonzero_static(x, size=size)
 
 
+@pytest.mark.cpu_kernel
 def test_more_than_25_dimensions():
     """Taken on the CPU; refused on CUDA, as by ATen's CUDA nonzero (and by
     the fake kernels for CUDA tensors, which need no GPU)."""

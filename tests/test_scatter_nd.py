@@ -157,6 +157,7 @@ def test_larger_inputs_match_references(device, dtype):
         assert_same(torch_masked.gather_nd(base.to(device), indices_d), reference_gather(base, indices))
 
 
+@pytest.mark.cpu_kernel
 @pytest.mark.parametrize("width", [1, 3])
 def test_cpu_sums_in_index_order_like_numpy_add_at(width):
     """Each destination adds its updates in index order, for elements
@@ -190,6 +191,7 @@ def test_cpu_sums_in_index_order_like_numpy_add_at(width):
         assert torch.equal(ours_bf16, torch.from_numpy(expected_bf16).bfloat16())
 
 
+@pytest.mark.cpu_kernel
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_cpu_elements_summed_by_ranges_as_in_index_order(dtype):
     """Element updates into more than 2**21 elements, and half/bfloat16 ones

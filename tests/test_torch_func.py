@@ -18,13 +18,15 @@ def batched_inputs():
     x = torch.randn(BATCH, 5, 4, generator=gen)
     y = torch.randn(BATCH, 5, 4, generator=gen)
     indices = torch.randint(0, 5, (BATCH, 6, 1), generator=gen)
-    updates = torch.randn(BATCH, 6, 4, generator=gen)
+    # Whole numbers: their sums are exact in any order, as a GPU adds them.
+    updates = torch.randint(-8, 9, (BATCH, 6, 4), generator=gen).float()
+    base = torch.randint(-8, 9, (BATCH, 5, 4), generator=gen).float()
     return {
         "where": (lambda c, x, y: torch_masked.where(c, x, y), (condition, x, y)),
         "select": (lambda c, x, y: torch_masked.select(c[:, 0], x, y), (condition, x, y)),
         "gather_nd": (torch_masked.gather_nd, (x, indices)),
         "scatter_nd": (lambda i, u: torch_masked.scatter_nd(i, u, [5, 4]), (indices, updates)),
-        "tensor_scatter_nd_add": (torch_masked.tensor_scatter_nd_add, (x, indices, updates)),
+        "tensor_scatter_nd_add": (torch_masked.tensor_scatter_nd_add, (base, indices, updates)),
         "nonzero_static": (lambda c: torch_masked.nonzero_static(c, size=7), (condition,)),
     }
 
