@@ -45,7 +45,8 @@ ADAPTATIONS = [
 
 
 def convert_launches(text):
-    """kernel<<<config>>>(args) -> cuda_emulation::launch(LaunchConfig(config), [&] { kernel(args); })."""
+    """kernel<<<config>>>(args) -> cuda_emulation::launch(LaunchConfig(config), [&] { kernel(args); }),
+    for launches that start their line, as csrc/cuda's do."""
     pieces = []
     done = 0
     while (start := text.find("<<<", done)) >= 0:
@@ -69,16 +70,15 @@ def generate_sources(out):
     """csrc's headers and CUDA sources, adapted, under `out`; returns the .cpp files."""
     csrc = ROOT / "csrc"
     files = sorted(csrc.glob("*.h")) + sorted((csrc / "cuda").glob("*.cuh")) + sorted((csrc / "cuda").glob("*.cu"))
-    unused = {id(a) for a in ADAPTATIONS}
+    unused = set(range(len(ADAPTATIONS)))
     sources = []
     for path in files:
         relative = path.relative_to(csrc).as_posix()
         text = path.read_text()
-        for adaptation in ADAPTATIONS:
-            pattern, old, new, _ = adaptation
+        for number, (pattern, old, new, _) in enumerate(ADAPTATIONS):
             if pathlib.PurePosixPath(relative).match(pattern) and old in text:
                 text = text.replace(old, new)
-                unused.discard(id(adaptation))
+                unused.discard(number)
         if path.suffix in (".cu", ".cuh"):
             text = convert_launches(text)
         target = out / (relative[:-3] + ".cpp" if path.suffix == ".cu" else relative)
@@ -87,7 +87,8 @@ def generate_sources(out):
             target.write_text(text)
         if path.suffix == ".cu":
             sources.append(str(target))
-    missing = [f"{a[0]}: {a[1]!r} ({a[3]})" for a in ADAPTATIONS if id(a) in unused]
+    missing = [f"{pattern}: {old!r} ({why})" for number, (pattern, old, _, why) in enumerate(ADAPTATIONS)
+               if number in unused]
     if missing:
         sys.exit("cuda emulation: csrc no longer has what these adaptations replace:\n  " + "\n  ".join(missing))
     return sources
