@@ -13,7 +13,6 @@
 #include <cstring>
 #include <functional>
 #include <stdexcept>
-#include <type_traits>
 
 struct uint3 {
   unsigned x, y, z;
