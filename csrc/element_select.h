@@ -74,6 +74,10 @@ struct Selection {
   at::Tensor y;
   at::Tensor out;
   SelectGeometry geometry;
+  // x or y is a number held on the host (prepare_where_number), which the
+  // CUDA kernels take as a value rather than from device memory.
+  bool x_is_number = false;
+  bool y_is_number = false;
 };
 
 // torch_masked/ops/where.py:_check_condition_dtype prints the same words.
@@ -180,7 +184,9 @@ inline Selection prepare_where_number(const at::Tensor& condition, const at::Ten
   const at::Tensor value = at::scalar_tensor(number, at::TensorOptions(dtype));
   const at::Tensor& x = number_is_x ? value : tensor;
   const at::Tensor& y = number_is_x ? tensor : value;
-  return make_selection("where", condition, x, y, broadcast_select_shape(condition, x, y), dtype);
+  Selection s = make_selection("where", condition, x, y, broadcast_select_shape(condition, x, y), dtype);
+  (number_is_x ? s.x_is_number : s.y_is_number) = true;
+  return s;
 }
 
 // select's condition as where's, for an x of rank `rank`: a row condition

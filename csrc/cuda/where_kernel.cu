@@ -66,9 +66,8 @@ struct Operand {
 };
 
 template <typename T>
-Operand<T> operand(const at::Tensor& t) {
-  // A number is a 0-d tensor on the host (csrc/element_select.h: prepare_where_number).
-  if (t.is_cpu()) {
+Operand<T> operand(const at::Tensor& t, bool is_number) {
+  if (is_number) {  // a 0-d tensor on the host (csrc/element_select.h: prepare_where_number)
     return {nullptr, *static_cast<const T*>(t.const_data_ptr())};
   }
   return {static_cast<const T*>(t.const_data_ptr()), T{}};
@@ -262,8 +261,8 @@ void launch_selection(const Selection& s, cudaStream_t stream) {
   const SelectGeometry& g = s.geometry;
   const int64_t n = s.out.numel();
   const uint8_t* c = static_cast<const uint8_t*>(s.condition.const_data_ptr());
-  const Operand<T> x = operand<T>(s.x);
-  const Operand<T> y = operand<T>(s.y);
+  const Operand<T> x = operand<T>(s.x, s.x_is_number);
+  const Operand<T> y = operand<T>(s.y, s.y_is_number);
   T* out = static_cast<T*>(s.out.mutable_data_ptr());
 
   constexpr int64_t kVec = 16 / sizeof(T);

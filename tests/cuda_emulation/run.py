@@ -35,11 +35,6 @@ ADAPTATIONS = [
     ("common.h", "return at::detail::empty_cpu(shape, options);",
      "return ::cuda_emulation::filled_with_garbage(at::detail::empty_cpu(shape, options));",
      "new device memory holds old data, not the zeros of fresh host pages"),
-    ("element_select.h", "at::scalar_tensor(number, at::TensorOptions(dtype))",
-     "::cuda_emulation::noted_number(at::scalar_tensor(number, at::TensorOptions(dtype)))",
-     "where's numbers are host tensors among device ones"),
-    ("cuda/where_kernel.cu", "if (t.is_cpu()) {", "if (::cuda_emulation::is_noted_number(t)) {",
-     "where's numbers are host tensors among device ones"),
     ("cuda/scatter_nd_kernel.cu", "at::kCUDA", "at::kCPU", "scratch memory on the device"),
 ]
 
@@ -118,7 +113,6 @@ def load_emulated_kernels(build):
         # Its own names: the package's inline helpers are compiled here with
         # the adaptations above, and must not be confused with _C's.
         "-Dtorch_masked=torch_masked_cuda_emulation",
-        "-fvisibility=hidden",
         f"-fsanitize={SANITIZERS}",
         f"-fno-sanitize-recover={SANITIZERS}",
     ]

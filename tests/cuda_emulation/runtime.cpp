@@ -232,17 +232,4 @@ at::Tensor filled_with_garbage(at::Tensor t) {
   return t;
 }
 
-namespace {
-// The number of the selection under way: a selection holds one at most. (A
-// later 0-d tensor at the same address is read the same way either way.)
-const void* noted = nullptr;
-}  // namespace
-
-at::Tensor noted_number(at::Tensor t) {
-  noted = t.const_data_ptr();
-  return t;
-}
-
-bool is_noted_number(const at::Tensor& t) { return t.dim() == 0 && t.const_data_ptr() == noted; }
-
 }  // namespace cuda_emulation

@@ -73,12 +73,6 @@ constexpr int kBlocksPerProcessor = 2;
 // to write shows, as the GPU's reused memory would show it.
 at::Tensor filled_with_garbage(at::Tensor t);
 
-// A number passed to where.ScalarSelf / where.ScalarOther is a 0-d tensor on
-// the host, and the CUDA kernel tells it from the device tensors by its
-// device; here all tensors are on the host, so the numbers are noted.
-at::Tensor noted_number(at::Tensor t);
-bool is_noted_number(const at::Tensor& t);
-
 }  // namespace cuda_emulation
 
 #define threadIdx (::cuda_emulation::thread_index())
