@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build the extension with CUDA (sm_90, every
-# core), run the whole test suite (CPU and CUDA cases), run the CUDA
-# benchmarks, and print the speed goals' short table last
+# core), run the test suite (CPU and CUDA cases; those marked large on
+# request), run the CUDA benchmarks, and print the speed goals' short table last
 # (benchmarks/goals.py). Logs go to $OUT (or /tmp/gpu_check).
 #
 #   bash benchmarks/gpu_check.sh            # build, tests, benchmarks
 #   OPS=nonzero,where bash benchmarks/gpu_check.sh
 #   STEPS=memcheck bash benchmarks/gpu_check.sh
 #   STEPS=profile bash benchmarks/gpu_check.sh
+#   STEPS="large profile" bash benchmarks/gpu_check.sh
 #
 # STEPS (default "tests bench") says what follows the build:
-#   tests     the whole suite, for at most TEST_LIMIT seconds (240);
+#   tests     the whole suite but the tests marked large, 8 at a time, for
+#             at most TEST_LIMIT seconds (240);
+#   large     the CUDA tests marked large (tensors past 2**31 and 2**32
+#             elements, up to about 20 GB each), one at a time, for at most
+#             LARGE_LIMIT seconds (90; their CPU cases run in CI);
 #   memcheck  the CUDA tests of random, long and many-row inputs and of
 #             scatter's word-wide atomics under compute-sanitizer's memcheck,
 #             for at most MEMCHECK_LIMIT seconds (150), PyTorch's caching
@@ -50,10 +55,19 @@ echo "built in ${SECONDS}s"
 STEPS="${STEPS:-tests bench}"
 
 if [[ " $STEPS " == *" tests "* ]]; then
-  timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider -m "not large" \
+    > "$OUT/tests.log" 2>&1
   tests_rc=$?
   grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
   echo "tests rc=${tests_rc} after ${SECONDS}s"
+fi
+
+if [[ " $STEPS " == *" large "* ]]; then
+  timeout -k 10 "${LARGE_LIMIT:-90}" python3 -m pytest tests -q -p no:cacheprovider -m "large and cuda" \
+    > "$OUT/large_tests.log" 2>&1
+  large_rc=$?
+  grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/large_tests.log" | tail -12
+  echo "large tests rc=${large_rc} after ${SECONDS}s"
 fi
 
 if [[ " $STEPS " == *" memcheck "* ]]; then

@@ -21,6 +21,34 @@ COMPLEX_DTYPES = [torch.complex64, torch.complex128]
 ALL_DTYPES = [torch.bool] + INTEGER_DTYPES + FLOAT_DTYPES + COMPLEX_DTYPES
 
 
+# (device, n) past 2**31 elements (n a multiple of 256), marked `large`:
+# counts and offsets beyond int32's range, where a kernel counting or
+# indexing in 32 bits would wrap; a quarter past it, so that the parts the
+# CPU kernels split their work into start past it too. The CUDA kernels
+# switch from 32-bit to 64-bit index math past 2**32 elements, so on CUDA
+# that size is tested as well; on the CPU (every offset 64-bit) it would take
+# more memory than a CI machine has. Each test holds a few tensors of n bytes.
+PAST_INT32 = 2**31 + 2**29
+PAST_UINT32 = 2**32 + 256
+LARGE_SIZES = [
+    pytest.param("cpu", PAST_INT32, marks=pytest.mark.large, id="cpu-2**31+2**29"),
+    pytest.param("cuda", PAST_INT32, marks=[pytest.mark.large, pytest.mark.cuda], id="cuda-2**31+2**29"),
+    pytest.param("cuda", PAST_UINT32, marks=[pytest.mark.large, pytest.mark.cuda], id="cuda-2**32+256"),
+]
+
+
+def boundary_positions(n):
+    """Positions on both sides of 2**31 and 2**32 (those below n) and at the ends."""
+    return sorted({p for p in (0, 5, 2**31 - 1, 2**31, 2**31 + 7, 2**32 - 1, 2**32, 2**32 + 9, n - 1) if p < n})
+
+
+def repeated(pattern, n):
+    """n values cycling through the 1-D `pattern` (of an odd length, so that an
+    offset wrapped by 2**32 lands on a different value), built without any
+    int64 tensor of n elements."""
+    return pattern.repeat(n // pattern.numel() + 1)[:n]
+
+
 def device_name(device):
     """How the error messages print a device ("cuda" prints as "cuda:0")."""
     return str(torch.empty(0, device=device).device)

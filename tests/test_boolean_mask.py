@@ -1,6 +1,8 @@
 """masked::boolean_mask and masked::boolean_mask_backward against NumPy's
 ``tensor[mask]`` (with the mask placed at ``axis``) and hand-worked examples
 from the reference page."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +11,11 @@ import torch_masked
 from tests.common import (
     ALL_DTYPES,
     DEVICES,
+    LARGE_SIZES,
     OTHER_DEVICES,
     WIDE_UNSIGNED_DTYPES,
     assert_forward_ad_refused,
+    boundary_positions,
     device_name,
     draw,
     make_tensor,
@@ -19,6 +23,7 @@ from tests.common import (
     non_contiguous,
     random_layout,
     random_shape,
+    repeated,
 )
 
 boolean_mask_op = torch.ops.masked.boolean_mask.default
@@ -219,6 +224,30 @@ def test_long_masks_in_several_outer_blocks(device, density, dtype, row_shape):
     base = random_values((3 * n + 1,), torch.int16, device)
     shifted = base[1:].view(3, n)
     assert_same(boolean_mask_op(shifted, mask, 1), reference(shifted, mask, 1))
+
+
+@pytest.mark.parametrize(("device", "n"), LARGE_SIZES)
+@pytest.mark.parametrize("form", ["1-D", "rows", "columns"])
+def test_past_int32_elements(device, n, form):
+    """n int8 elements past 2**31 (and 2**32), all kept but a few slices,
+    among them those holding the elements on both sides of those bounds: 1-D
+    (counts, mask positions and offsets past them), [n / 128, 128] rows, and
+    [2, n / 2] with the mask at axis 1; then the backward puts every kept
+    slice back. The expected values are the kept pieces, concatenated."""
+    shape, axis = {"1-D": ((n,), 0), "rows": ((n // 128, 128), 0), "columns": ((2, n // 2), 1)}[form]
+    tensor = repeated(torch.arange(127, dtype=torch.int8, device=device), n).view(shape)
+    length, inner = shape[axis], n // math.prod(shape[: axis + 1])
+    dropped = sorted({p // inner % length for p in boundary_positions(n)})
+    mask = torch.ones(length, dtype=torch.bool, device=device)
+    mask[dropped] = False
+    bounds = [-1, *dropped, length]
+    expected = torch.cat([tensor.narrow(axis, a + 1, b - a - 1) for a, b in zip(bounds, bounds[1:])], dim=axis)
+    result = boolean_mask_op(tensor, mask, axis)
+    assert torch.equal(result, expected)
+    del expected
+    gradient = backward_op(result, mask, list(shape), axis)
+    del result
+    assert torch.equal(gradient, tensor.index_fill(axis, torch.tensor(dropped, device=device), 0))
 
 
 @pytest.mark.parametrize("device", DEVICES)

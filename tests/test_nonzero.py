@@ -8,8 +8,10 @@ import torch_masked
 from tests.common import (
     ALL_DTYPES,
     DEVICES,
+    LARGE_SIZES,
     OTHER_DEVICES,
     WIDE_UNSIGNED_DTYPES,
+    boundary_positions,
     device_name,
     draw,
     make_tensor,
@@ -89,6 +91,21 @@ def test_wide_unsigned_matches_numpy(device, dtype):
 def test_large_inputs_across_chunks(device, density, shape):
     # Large enough for several parallel chunks, with rows crossing chunk boundaries.
     assert_matches_torch(make_tensor(shape, torch.bool, device, density=density))
+
+
+@pytest.mark.parametrize(("device", "n"), LARGE_SIZES)
+def test_positions_past_int32(device, n):
+    """Positions past 2**31 (and 2**32), flat and as coordinates of a 2-D
+    input, where counting, dividing or writing in 32 bits would wrap."""
+    positions = torch.tensor(boundary_positions(n))
+    x = torch.zeros(n, dtype=torch.bool, device=device)
+    x[positions.to(device)] = True
+    assert torch.equal(torch_masked.nonzero(x).cpu(), positions.view(-1, 1))
+    padded = torch.cat([positions, torch.tensor([-1, -1])]).view(-1, 1)
+    assert torch.equal(torch_masked.nonzero_static(x, size=len(positions) + 2).cpu(), padded)
+    columns = n // 4
+    coordinates = torch.stack([positions // columns, positions % columns], dim=1)
+    assert torch.equal(torch_masked.nonzero(x.view(4, columns)).cpu(), coordinates)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -13,14 +13,17 @@ import torch_masked
 from tests.common import (
     ALL_DTYPES,
     DEVICES,
+    LARGE_SIZES,
     OTHER_DEVICES,
     assert_forward_ad_refused,
+    boundary_positions,
     device_name,
     draw,
     misaligned,
     non_contiguous,
     random_layout,
     random_shape,
+    repeated,
 )
 
 INDEX_DTYPES = [torch.int32, torch.int64]
@@ -616,6 +619,46 @@ def test_check_bounds_false_drops_bad_rows(device, deterministic):
         ).tolist() == [1.0, 7.0, 5.0]
     params = torch.tensor([10.0, 11.0, 12.0], device=device)
     assert torch_masked.gather_nd(params, indices, check_bounds=False).tolist() == [11.0, 0.0, 0.0, 12.0, 11.0]
+
+
+@pytest.mark.parametrize(("device", "n"), LARGE_SIZES)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16])
+def test_offsets_past_int32(device, n, dtype):
+    """Outputs of n elements, past 2**31 (and 2**32): int64 element indices on
+    both sides of those bounds, and int32 indices of [n / 128, 128] slices
+    whose element offsets pass them, each with duplicates; the gathers of the
+    same places; an index one past the end refused. On CUDA in both modes
+    (the deterministic one sorts for outputs this large; the CPU's sums are
+    the same in both). Sums of small whole numbers: exact in bfloat16, and
+    no int8 sum overflows."""
+    width = 128
+    positions = torch.tensor(boundary_positions(n), device=device)
+    elements = torch.cat([positions, positions[-3:]]).view(-1, 1)
+    element_values = repeated(torch.arange(1, 8, dtype=dtype, device=device), len(elements))
+    slots = torch.cat([positions, positions[-3:]]).div(width, rounding_mode="floor").to(torch.int32).view(-1, 1)
+    slices = repeated(torch.arange(15, dtype=dtype, device=device), len(slots) * width).view(-1, width)
+    for deterministic in [False, True] if device == "cuda" else [False]:
+        with algorithms(deterministic):
+            out = torch_masked.scatter_nd(elements, element_values, [n])
+            expected = torch.zeros(n, dtype=dtype, device=device).index_put_(
+                (elements[:, 0],), element_values, accumulate=True
+            )
+            assert torch.equal(out, expected)
+            assert torch.equal(torch_masked.gather_nd(out, elements), expected[elements[:, 0]])
+            del out, expected
+            out = torch_masked.scatter_nd(slots, slices, [n // width, width])
+            expected = torch.zeros(n // width, width, dtype=dtype, device=device).index_put_(
+                (slots[:, 0].long(),), slices, accumulate=True
+            )
+            assert torch.equal(out, expected)
+            assert torch.equal(torch_masked.gather_nd(out, slots), expected[slots[:, 0].long()])
+            del out
+            summed = torch_masked.tensor_scatter_nd_add(expected, slots, slices)
+            assert torch.equal(summed, expected.index_put_((slots[:, 0].long(),), slices, accumulate=True))
+            del summed, expected
+    past_end = torch.tensor([[n // width]], dtype=torch.int32, device=device)
+    with pytest.raises(IndexError, match=rf"\({n // width} is out of range for dimension 0 of size {n // width}\)"):
+        torch_masked.scatter_nd(past_end, slices[:1], [n // width, width])
 
 
 @pytest.mark.parametrize("device", DEVICES)

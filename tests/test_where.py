@@ -11,6 +11,7 @@ import torch_masked
 from tests.common import (
     ALL_DTYPES,
     DEVICES,
+    LARGE_SIZES,
     OTHER_DEVICES,
     assert_forward_ad_refused,
     device_name,
@@ -20,6 +21,7 @@ from tests.common import (
     non_contiguous,
     random_layout,
     random_shape,
+    repeated,
 )
 
 # where(condition) is a composite of masked::nonzero: its fake-tensor checks
@@ -477,6 +479,27 @@ def test_rows_more_than_the_grid_holds(device):
     transposed = make_tensor((70, 90, 128), torch.float64, device, generator=gen(7)).transpose(0, 1)
     other = make_tensor((128,), torch.float64, device, generator=gen(8))
     assert_same(torch_masked.where(blocks, transposed, other), torch.where(blocks, transposed, other))
+
+
+@pytest.mark.parametrize(("device", "n"), LARGE_SIZES)
+@pytest.mark.parametrize("form", ["same shape", "rows", "columns"])
+def test_where_past_int32_elements(device, n, form):
+    """Outputs past 2**31 (and 2**32) elements through each way of moving
+    them: same shapes with a number for y (the vector kernel), a [R, 1]
+    condition picking rows of x or of a [256] y (the row kernel), and a
+    [1, 256] condition (the strided kernel); int8, so each tensor is n bytes."""
+    flags = torch.tensor([True, False, False, True, False, True, True], device=device)
+    values = torch.arange(127, dtype=torch.int8, device=device)
+    width = 256
+    x = repeated(values, n).view(-1, width)
+    if form == "same shape":
+        condition, x, y = repeated(flags, n), x.view(-1), -1
+    elif form == "rows":
+        condition = repeated(flags, n // width).view(-1, 1)
+        y = (torch.arange(width, device=device) - 128).to(torch.int8)
+    else:
+        condition, y = repeated(flags, width).view(1, -1), repeated(values, n // width).view(-1, 1)
+    assert torch.equal(torch_masked.where(condition, x, y), torch.where(condition, x, y))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,7 +7,8 @@ Each .cu file is compiled as C++ against include/ (fibers for CUDA threads,
 stand-ins for the CUDA runtime, c10's CUDA helpers and CUB), under
 UndefinedBehaviorSanitizer's alignment, bounds and overflow checks, and
 registered as the CPU kernels of torch.ops.masked in place of csrc/cpu's.
-Tests of what only csrc/cpu's kernels do are marked cpu_kernel and left out.
+Tests of what only csrc/cpu's kernels do are marked cpu_kernel and left out,
+and so are those past 2**31 elements (marked large: far too slow emulated).
 With --asan, AddressSanitizer also checks every access the kernels make
 (compute-sanitizer's memcheck, in effect); the process then runs again with
 its runtime preloaded.
@@ -140,7 +141,7 @@ def main():
         # AddressSanitizer reports on file descriptor 2 and ends the process:
         # pytest must not be holding that descriptor's output when it does.
         arguments.insert(0, "--capture=sys")
-    return pytest.main(["-p", "no:cacheprovider", "-m", "not cuda and not cpu_kernel", *arguments])
+    return pytest.main(["-p", "no:cacheprovider", "-m", "not cuda and not cpu_kernel and not large", *arguments])
 
 
 if __name__ == "__main__":
