@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build the extension with CUDA (sm_90, every
 # core), run the test suite (CPU and CUDA cases; those marked large on
-# request), run the CUDA benchmarks, and print the speed goals' short table last
-# (benchmarks/goals.py). Logs go to $OUT (or /tmp/gpu_check).
+# request), run the CUDA benchmarks, and print the speed goals' short table
+# last (benchmarks/goals.py). Logs go to $OUT (or /tmp/gpu_check).
 #
 #   bash benchmarks/gpu_check.sh            # build, tests, benchmarks
 #   OPS=nonzero,where bash benchmarks/gpu_check.sh

@@ -635,7 +635,7 @@ def test_offsets_past_int32(device, n, dtype):
     positions = torch.tensor(boundary_positions(n), device=device)
     elements = torch.cat([positions, positions[-3:]]).view(-1, 1)
     element_values = repeated(torch.arange(1, 8, dtype=dtype, device=device), len(elements))
-    slots = torch.cat([positions, positions[-3:]]).div(width, rounding_mode="floor").to(torch.int32).view(-1, 1)
+    slots = elements.div(width, rounding_mode="floor").to(torch.int32)
     slices = repeated(torch.arange(15, dtype=dtype, device=device), len(slots) * width).view(-1, width)
     for deterministic in [False, True] if device == "cuda" else [False]:
         with algorithms(deterministic):
