@@ -22,6 +22,10 @@ class Case:
     numpy: Optional[Callable[[], object]] = None
     # Bytes a perfect implementation must read and write, for a bandwidth column.
     bytes_moved: Optional[int] = None
+    # For the report's plots: the input's size (elements) on the x axis, and
+    # the line the row belongs to (a case or density, without the size).
+    size: Optional[int] = None
+    series: Optional[str] = None
 
 
 @dataclass
@@ -38,7 +42,8 @@ class Row:
     def as_dict(self):
         return {"op": self.case.op, "case": self.case.name, "native": self.case.native_name,
                 "ours_s": self.ours_s, "native_s": self.native_s, "numpy_s": self.numpy_s,
-                "bytes_moved": self.case.bytes_moved}
+                "bytes_moved": self.case.bytes_moved,
+                "size": self.case.size, "series": self.case.series}
 
 
 def time_one_call(fn, is_cuda):
