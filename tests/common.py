@@ -78,15 +78,20 @@ def non_contiguous(t):
     return padded
 
 
-def assert_forward_ad_refused(fn, primal):
-    """fn(primal) with a forward-mode tangent on `primal` raises autograd's
-    clear error, rather than returning a result without a tangent."""
+def assert_forward_ad_matches(ours, native, primal):
+    """ours(dual) and native(dual), with a random forward-mode tangent on
+    `primal` (torch.autograd.forward_ad), give the same value and tangent."""
     import torch.autograd.forward_ad as fwAD
 
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(primal, torch.ones_like(primal))
-        with pytest.raises(RuntimeError, match="jvp is not implemented"):
-            fn(dual)
+    gen = torch.Generator().manual_seed(0)
+    tangent = torch.randn(primal.shape, dtype=primal.dtype, generator=gen).to(primal.device)
+    results = []
+    for fn in (ours, native):
+        with fwAD.dual_level():
+            out = fwAD.unpack_dual(fn(fwAD.make_dual(primal, tangent)))
+            assert out.tangent is not None
+            results.append((out.primal, out.tangent))
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
 def misaligned(values):

@@ -14,7 +14,7 @@ from tests.common import (
     LARGE_SIZES,
     OTHER_DEVICES,
     WIDE_UNSIGNED_DTYPES,
-    assert_forward_ad_refused,
+    assert_forward_ad_matches,
     boundary_positions,
     device_name,
     draw,
@@ -447,10 +447,14 @@ def test_opcheck(device, requires_grad):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_forward_mode_ad_is_refused(device):
+def test_forward_mode_ad(device):
     mask = torch.tensor([True, False, True], device=device)
-    assert_forward_ad_refused(lambda t: torch_masked.boolean_mask(t, mask), torch.ones(3, device=device))
-    assert_forward_ad_refused(lambda g: backward_op(g, mask, [3], 0), torch.ones(2, device=device))
+    assert_forward_ad_matches(lambda t: torch_masked.boolean_mask(t, mask), lambda t: t[mask], torch.ones(3, device=device))
+    assert_forward_ad_matches(
+        lambda g: backward_op(g, mask, [3], 0),
+        lambda g: torch.zeros(3, device=device).index_put((mask,), g),
+        torch.ones(2, device=device),
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -15,7 +15,7 @@ from tests.common import (
     DEVICES,
     LARGE_SIZES,
     OTHER_DEVICES,
-    assert_forward_ad_refused,
+    assert_forward_ad_matches,
     boundary_positions,
     device_name,
     draw,
@@ -779,12 +779,21 @@ def test_opcheck(device, requires_grad):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_forward_mode_ad_is_refused(device):
-    indices = torch.tensor([[1], [0]], device=device)
-    values = torch.ones(2, device=device)
-    assert_forward_ad_refused(lambda u: torch_masked.scatter_nd(indices, u, [3]), values)
-    assert_forward_ad_refused(lambda t: torch_masked.tensor_scatter_nd_add(t, indices, values), values)
-    assert_forward_ad_refused(lambda p: torch_masked.gather_nd(p, indices), values)
+def test_forward_mode_ad(device):
+    indices = torch.tensor([[1], [0], [1]], device=device)
+    rows = (indices[:, 0],)
+    values = torch.ones(3, device=device)
+    assert_forward_ad_matches(
+        lambda u: torch_masked.scatter_nd(indices, u, [3]),
+        lambda u: torch.zeros(3, device=device).index_put(rows, u, accumulate=True),
+        values,
+    )
+    assert_forward_ad_matches(
+        lambda t: torch_masked.tensor_scatter_nd_add(t, indices, values),
+        lambda t: t.index_put(rows, values, accumulate=True),
+        values,
+    )
+    assert_forward_ad_matches(lambda p: torch_masked.gather_nd(p, indices), lambda p: p[rows], values)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -13,7 +13,7 @@ from tests.common import (
     DEVICES,
     LARGE_SIZES,
     OTHER_DEVICES,
-    assert_forward_ad_refused,
+    assert_forward_ad_matches,
     device_name,
     draw,
     make_tensor,
@@ -718,11 +718,13 @@ def test_gradients_random_shapes_dtypes_and_layouts(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_forward_mode_ad_is_refused(device):
+def test_forward_mode_ad(device):
     c = torch.tensor([True, False, True], device=device)
     y = torch.zeros(3, device=device)
-    assert_forward_ad_refused(lambda x: torch_masked.where(c, x, y), torch.ones(3, device=device))
-    assert_forward_ad_refused(lambda x: torch_masked.select(c, y, x), torch.ones(3, device=device))
+    x = torch.ones(3, device=device)
+    assert_forward_ad_matches(lambda x: torch_masked.where(c, x, y), lambda x: torch.where(c, x, y), x)
+    assert_forward_ad_matches(lambda x: torch_masked.select(c, y, x), lambda x: torch.where(c, y, x), x)
+    assert_forward_ad_matches(lambda x: torch_masked.where(c, x, 2.0), lambda x: torch.where(c, x, 2.0), x)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -69,13 +69,24 @@ class BooleanMaskBackward : public torch::autograd::Function<BooleanMaskBackward
   }
 };
 
+// Forward mode: each op applied to the tangent.
+at::Tensor boolean_mask_tangent(const at::Tensor&, const at::Tensor& tensor, const at::Tensor& mask, int64_t axis) {
+  return call_boolean_mask(tensor._fw_grad(/*level=*/0), mask, axis);
+}
+
+at::Tensor boolean_mask_backward_tangent(const at::Tensor&, const at::Tensor& grad, const at::Tensor& mask,
+                                         c10::SymIntArrayRef input_shape, int64_t axis) {
+  return call_boolean_mask_backward(grad._fw_grad(/*level=*/0), mask, input_shape, axis);
+}
+
 at::Tensor boolean_mask_autograd(const at::Tensor& tensor, const at::Tensor& mask, int64_t axis) {
-  return apply_if_recording<BooleanMask>({tensor}, call_boolean_mask, tensor, mask, axis);
+  return apply_if_recording<BooleanMask>({tensor}, call_boolean_mask, boolean_mask_tangent, tensor, mask, axis);
 }
 
 at::Tensor boolean_mask_backward_autograd(const at::Tensor& grad, const at::Tensor& mask,
                                           c10::SymIntArrayRef input_shape, int64_t axis) {
-  return apply_if_recording<BooleanMaskBackward>({grad}, call_boolean_mask_backward, grad, mask, input_shape, axis);
+  return apply_if_recording<BooleanMaskBackward>({grad}, call_boolean_mask_backward, boolean_mask_backward_tangent,
+                                                 grad, mask, input_shape, axis);
 }
 
 }  // namespace

@@ -99,19 +99,44 @@ class GatherNd : public torch::autograd::Function<GatherNd> {
   }
 };
 
+// Forward mode: each op applied to the tangents (the indices already checked).
+at::Tensor scatter_nd_tangent(const at::Tensor&, const at::Tensor& indices, const at::Tensor& updates,
+                              c10::SymIntArrayRef shape, bool) {
+  return call_scatter_nd(indices, updates._fw_grad(/*level=*/0), shape, /*check_bounds=*/false);
+}
+
+at::Tensor tensor_scatter_nd_add_tangent(const at::Tensor&, const at::Tensor& tensor, const at::Tensor& indices,
+                                         const at::Tensor& updates, bool) {
+  const at::Tensor& tensor_tangent = tensor._fw_grad(/*level=*/0);
+  const at::Tensor& updates_tangent = updates._fw_grad(/*level=*/0);
+  if (!updates_tangent.defined()) {
+    return tensor_tangent.clone();  // not the input's own tangent: the result's may be changed in place
+  }
+  if (!tensor_tangent.defined()) {
+    return call_scatter_nd(indices, updates_tangent, tensor.sym_sizes(), /*check_bounds=*/false);
+  }
+  return call_tensor_scatter_nd_add(tensor_tangent, indices, updates_tangent, /*check_bounds=*/false);
+}
+
+at::Tensor gather_nd_tangent(const at::Tensor&, const at::Tensor& params, const at::Tensor& indices, bool) {
+  return call_gather_nd(params._fw_grad(/*level=*/0), indices, /*check_bounds=*/false);
+}
+
 at::Tensor scatter_nd_autograd(const at::Tensor& indices, const at::Tensor& updates, c10::SymIntArrayRef shape,
                                bool check_bounds) {
-  return apply_if_recording<ScatterNd>({updates}, call_scatter_nd, indices, updates, shape, check_bounds);
+  return apply_if_recording<ScatterNd>({updates}, call_scatter_nd, scatter_nd_tangent, indices, updates, shape,
+                                       check_bounds);
 }
 
 at::Tensor tensor_scatter_nd_add_autograd(const at::Tensor& tensor, const at::Tensor& indices,
                                           const at::Tensor& updates, bool check_bounds) {
-  return apply_if_recording<TensorScatterNdAdd>({tensor, updates}, call_tensor_scatter_nd_add, tensor, indices,
-                                                updates, check_bounds);
+  return apply_if_recording<TensorScatterNdAdd>({tensor, updates}, call_tensor_scatter_nd_add,
+                                                tensor_scatter_nd_add_tangent, tensor, indices, updates,
+                                                check_bounds);
 }
 
 at::Tensor gather_nd_autograd(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
-  return apply_if_recording<GatherNd>({params}, call_gather_nd, params, indices, check_bounds);
+  return apply_if_recording<GatherNd>({params}, call_gather_nd, gather_nd_tangent, params, indices, check_bounds);
 }
 
 }  // namespace

@@ -149,17 +149,48 @@ class WhereWithNumber : public torch::autograd::Function<WhereWithNumber<kNumber
   }
 };
 
+// Forward mode: the selection of the tangents, a missing one taken as 0
+// (the parts above), in the result's dtype and, where that has a broadcast
+// shape, expanded to it.
+at::Tensor as_result_tangent(const at::Tensor& part, const at::Tensor& result) {
+  return part.to(result.scalar_type()).expand_symint(result.sym_sizes());
+}
+
+template <typename Op>
+at::Tensor selection_tangent(const at::Tensor& result, const at::Tensor& condition, const at::Tensor& x,
+                             const at::Tensor& y) {
+  const at::Tensor& x_tangent = x._fw_grad(/*level=*/0);
+  const at::Tensor& y_tangent = y._fw_grad(/*level=*/0);
+  if (!y_tangent.defined()) {
+    return as_result_tangent(Op::x_part(condition, x_tangent), result);
+  }
+  if (!x_tangent.defined()) {
+    return as_result_tangent(Op::y_part(condition, y_tangent), result);
+  }
+  return as_result_tangent(Op::call(condition, x_tangent, y_tangent), result);
+}
+
+template <bool kNumberIsX>
+at::Tensor where_with_number_tangent(const at::Tensor& result, const at::Tensor& condition, const at::Tensor& tensor,
+                                     const at::Scalar&) {
+  const at::Tensor& tangent = tensor._fw_grad(/*level=*/0);
+  return as_result_tangent(kNumberIsX ? WhereSelf::y_part(condition, tangent) : WhereSelf::x_part(condition, tangent),
+                           result);
+}
+
 template <typename Op>
 at::Tensor selection_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Tensor& y) {
-  return apply_if_recording<Selection<Op>>({x, y}, Op::call, condition, x, y);
+  return apply_if_recording<Selection<Op>>({x, y}, Op::call, selection_tangent<Op>, condition, x, y);
 }
 
 at::Tensor where_number_x_autograd(const at::Tensor& condition, const at::Scalar& x, const at::Tensor& y) {
-  return apply_if_recording<WhereWithNumber<true>>({y}, WhereWithNumber<true>::call, condition, y, x);
+  return apply_if_recording<WhereWithNumber<true>>({y}, WhereWithNumber<true>::call, where_with_number_tangent<true>,
+                                                   condition, y, x);
 }
 
 at::Tensor where_number_y_autograd(const at::Tensor& condition, const at::Tensor& x, const at::Scalar& y) {
-  return apply_if_recording<WhereWithNumber<false>>({x}, WhereWithNumber<false>::call, condition, x, y);
+  return apply_if_recording<WhereWithNumber<false>>({x}, WhereWithNumber<false>::call,
+                                                    where_with_number_tangent<false>, condition, x, y);
 }
 
 }  // namespace
