@@ -22,6 +22,7 @@ from .ops.boolean_mask import boolean_mask
 from .ops.nonzero import nonzero, nonzero_static
 from .ops.scatter_nd import gather_nd, scatter_nd, tensor_scatter_nd_add
 from .ops.where import select, where
+from . import transforms  # noqa: F401,E402  -- the ops under torch.func
 
 __all__ = [
     "boolean_mask",
