@@ -63,15 +63,18 @@ def _forward_backward(fn, inputs):
     return call
 
 
+def _case(op, name, ours, native, native_name, series):
+    return Case(op, f"{N} elem{name}, {series}", ours, native, native_name, size=N, series=f"overhead, {series}")
+
+
 def cases(device, quick):
     condition, x, _, _ = _inputs(device)
-    yield Case("nonzero", f"{N} elem, no grad", lambda: torch_masked.nonzero(x), lambda: torch.nonzero(x),
-               "torch.nonzero", size=N, series="no grad")
-    yield Case("nonzero_static", f"{N} elem, no grad", lambda: torch_masked.nonzero_static(x, size=4),
-               lambda: torch.nonzero_static(x, size=4), "torch.nonzero_static", size=N, series="no grad")
+    yield _case("nonzero", "", lambda: torch_masked.nonzero(x), lambda: torch.nonzero(x), "torch.nonzero", "no grad")
+    yield _case("nonzero_static", "", lambda: torch_masked.nonzero_static(x, size=4),
+                lambda: torch.nonzero_static(x, size=4), "torch.nonzero_static", "no grad")
     for op, ours, native, native_name, inputs in _pairs(device):
-        numbers = " (number y)" if len(inputs) == 1 and op == "where" else ""
-        yield Case(op, f"{N} elem{numbers}, no grad", lambda ours=ours, inputs=inputs: ours(*inputs),
-                   lambda native=native, inputs=inputs: native(*inputs), native_name, size=N, series="no grad")
-        yield Case(op, f"{N} elem{numbers}, fwd+bwd", _forward_backward(ours, inputs),
-                   _forward_backward(native, inputs), native_name, size=N, series="fwd+bwd")
+        name = " (number y)" if op == "where" and len(inputs) == 1 else ""
+        yield _case(op, name, lambda ours=ours, inputs=inputs: ours(*inputs),
+                    lambda native=native, inputs=inputs: native(*inputs), native_name, "no grad")
+        yield _case(op, name, _forward_backward(ours, inputs), _forward_backward(native, inputs), native_name,
+                    "fwd+bwd")

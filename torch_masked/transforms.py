@@ -43,7 +43,10 @@ _lib = torch.library.Library("masked", "IMPL")
 
 def _register(overload, function):
     """Run `overload` under every transform through the autograd.Function `function`."""
-    _lib.impl(overload, lambda *args, **kwargs: function.apply(*args, *kwargs.values()), "FuncTorchDynamicLayerFrontMode")
+    def kernel(*args, **kwargs):  # keyword-only arguments in schema order
+        return function.apply(*args, *kwargs.values())
+
+    _lib.impl(overload, kernel, "FuncTorchDynamicLayerFrontMode")
 
 
 # Shared helpers for the batching rules.
@@ -170,18 +173,19 @@ def _nonzero_static_batched(x, size, fill_value):
     flags = _nonzero_flags(x.reshape(batch, -1))
     count = flags.shape[1]
     rank = flags.cumsum(1)
-    slot = torch.where(flags & (rank <= size), rank - 1, size)
+    slot = _ops.where.ScalarOther(flags & (rank <= size), rank - 1, size)
     slot += torch.arange(batch, device=x.device).unsqueeze(1) * (size + 1)
     # Each position stored plus one, so that an empty slot (0) becomes -1.
     positions = torch.arange(1, count + 1, device=x.device).expand(batch, count)
     first = _ops.scatter_nd(slot.reshape(-1, 1), positions.reshape(-1), [batch * (size + 1)], check_bounds=False)
     first = first.view(batch, size + 1)[:, :size] - 1
-    strides = torch.ones(len(sample_shape), dtype=torch.long, device=x.device)
+    strides = [1] * len(sample_shape)
     for d in range(len(sample_shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * sample_shape[d + 1]
+    strides = torch.tensor(strides, dtype=torch.long, device=x.device)
     sizes = torch.tensor(sample_shape, dtype=torch.long, device=x.device)
     coordinates = first.unsqueeze(-1) // strides % sizes
-    return torch.where(first.unsqueeze(-1) >= 0, coordinates, fill_value)
+    return _ops.where.ScalarOther(first.unsqueeze(-1) >= 0, coordinates, fill_value)
 
 
 def _index_function(op, call, name):
