@@ -239,6 +239,24 @@ def test_forward_ad_where_broadcasts_a_tangent_on_one_branch():
     torch.testing.assert_close(x.grad, C_FULL.sum(0).to(F64), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_ad_over_backward(case):
+    """Core forward mode over torch.autograd.grad(create_graph=True): a
+    Hessian-vector product, the backward formulas run on dual tensors."""
+    front_door, _, native, inputs = CASES[case]
+
+    def hessian_vector_product(fn):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        with fwAD.dual_level():
+            duals = [fwAD.make_dual(p, t) for p, t in zip(leaves, tangents_for(inputs))]
+            grads = torch.autograd.grad(loss(fn)(*duals), leaves, create_graph=True)
+            return [fwAD.unpack_dual(g).tangent for g in grads]
+
+    torch.testing.assert_close(
+        hessian_vector_product(front_door), hessian_vector_product(native), rtol=1e-12, atol=1e-12
+    )
+
+
 def test_forward_ad_without_grad_mode_and_dtype_promotion():
     x = torch.randn(3, dtype=torch.float32)
     with torch.no_grad(), fwAD.dual_level():
@@ -372,24 +390,24 @@ def test_grad_and_jvp_pass_through_the_integer_ops():
 
 # Refusals: a per-sample result of data-dependent size.
 
+X_BATCH, MASKS = rand(BATCH, 3), flags(BATCH, 3)
 REFUSED = {
-    "nonzero": (torch_masked.nonzero, (0,)),
-    "nonzero_tuple": (lambda x: torch_masked.nonzero(x, as_tuple=True), (0,)),
-    "where": (torch_masked.where, (0,)),
-    "boolean_mask": (lambda t, m: torch_masked.boolean_mask(t, m), (None, 0)),
-    "boolean_mask_with_batched_data": (lambda t, m: torch_masked.boolean_mask(t, m), (0, 0)),
-    "boolean_mask_backward": (lambda g, m: ops.boolean_mask_backward(g, m, [3], 0), (0, 1)),
+    "nonzero": (torch_masked.nonzero, (X_BATCH,), 0),
+    "nonzero_tuple": (lambda x: torch_masked.nonzero(x, as_tuple=True), (X_BATCH,), 0),
+    "where": (torch_masked.where, (MASKS,), 0),
+    "boolean_mask": (torch_masked.boolean_mask, (X_BATCH[0], MASKS), (None, 0)),
+    "boolean_mask_with_batched_data": (torch_masked.boolean_mask, (X_BATCH, MASKS.T), (0, 1)),
+    "boolean_mask_backward": (
+        lambda g, m: ops.boolean_mask_backward(g, m, [3], 0),
+        (X_BATCH[:, :1], MASKS),
+        (0, 0),
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_vmap_refuses_data_dependent_sizes(case):
-    fn, in_dims = REFUSED[case]
-    args = [rand(BATCH, 3), flags(3, BATCH)][: len(in_dims)]
-    if case.startswith("boolean_mask_backward"):
-        args = [rand(BATCH, 3), flags(3, BATCH)]
-    if in_dims == (None, 0):
-        args = [rand(3), flags(BATCH, 3)]
+    fn, args, in_dims = REFUSED[case]
     op = case.split("_with")[0]
     with pytest.raises(RuntimeError, match=rf"^{op}: vmap over a batched (mask|input) is not supported"):
         vmap(fn, in_dims=in_dims)(*args)
