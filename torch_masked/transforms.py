@@ -94,8 +94,9 @@ def _refuse_batched(op, what):
 
 
 def _with_batch_coordinate(indices, batch_size):
-    """Batched index rows [batch, ..., K] made rows into [batch, *shape]: the
-    sample number prepended to each row, [batch, ..., K + 1]."""
+    """Index rows batched at dimension 0, [batch, ..., K], as rows into the
+    batched shape [batch, *shape]: each row gets its sample number as its
+    first coordinate, [batch, ..., K + 1]."""
     samples = torch.arange(batch_size, dtype=indices.dtype, device=indices.device)
     samples = samples.view(-1, *[1] * (indices.dim() - 1)).expand(*indices.shape[:-1], 1)
     return torch.cat([samples, indices], dim=-1)
