@@ -63,7 +63,9 @@ def check_roundtrip(module, export_args, dynamic_shapes, run_args_list, expected
 class Nonzeros(torch.nn.Module):
     def forward(self, x, b, s, i):
         return (tm.nonzero(x), tm.nonzero(x, as_tuple=True), tm.nonzero_static(x, size=4, fill_value=-7),
-                tm.where(b), tm.nonzero(s), tm.nonzero(s, as_tuple=True), tm.nonzero(i))
+                tm.where(b), tm.nonzero(s), tm.nonzero(s, as_tuple=True), tm.nonzero(i),
+                # Types onnxruntime's NonZero lacks.
+                tm.nonzero(x.double()), tm.nonzero(i.to(torch.int8)))
 
 
 def test_nonzero_modes():
@@ -118,7 +120,8 @@ def test_boolean_mask_axes_and_ranks():
 class Scatters(torch.nn.Module):
     def forward(self, idx, idx32, values, slices, base, flags, whole, one):
         ints = (values * 10).to(torch.int64)
-        return (tm.scatter_nd(idx, values, [4, 3]), tm.scatter_nd(idx32, slices, [4, 3]),
+        return (tm.scatter_nd(idx, values, [4, 3]), tm.scatter_nd(idx, values.half(), [4, 3]),
+                tm.tensor_scatter_nd_add(base.bfloat16(), idx32, slices.bfloat16()).float(),  # numpy has no bfloat16 tm.scatter_nd(idx32, slices, [4, 3]),
                 tm.tensor_scatter_nd_add(base, idx, values), tm.tensor_scatter_nd_add(base, idx32, slices),
                 tm.scatter_nd(idx, ints, [4, 3]), tm.gather_nd(base, idx), tm.gather_nd(base, idx32),
                 tm.scatter_nd(idx, flags, [4, 3]), tm.tensor_scatter_nd_add(base > 0, idx, flags),

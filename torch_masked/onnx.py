@@ -87,10 +87,20 @@ def _rank(value):
 
 # --- nonzero, where(condition) -------------------------------------------------
 
+# The types onnxruntime's NonZero takes; others are read through a cast to
+# bool, which (as ONNX specifies Cast) is true for every non-zero value and
+# NaN, false for +-0.0: our rule.
+_NONZERO_TYPES = {ir.DataType.BOOL, ir.DataType.UINT8, ir.DataType.INT32, ir.DataType.INT64,
+                  ir.DataType.FLOAT16, ir.DataType.FLOAT}
+
+
 def _nonzero_rows(self):
     """ONNX NonZero: [rank, z]; a 0-d input is read as one element (rank 1)."""
-    if _rank(self) == 0:
-        return op.NonZero(op.Reshape(self, op.Constant(value_ints=[1])))
+    rank = _rank(self)
+    if self.dtype not in _NONZERO_TYPES:
+        self = op.Cast(self, to=ir.DataType.BOOL)
+    if rank == 0:
+        self = op.Reshape(self, op.Constant(value_ints=[1]))
     return op.NonZero(self)
 
 
@@ -141,11 +151,11 @@ def boolean_mask(tensor, mask, axis=0):
     axis = axis + rank if axis < 0 else axis
     if mask_rank > 1:
         # The mask's K dimensions become one: [*before, M, *after], M = prod(mask.shape).
-        flat_shape = op.Concat(op.Shape(tensor, end=axis),
-                               op.ReduceProd(op.Shape(mask), keepdims=1),
+        masked_size = op.ReduceProd(op.Shape(mask), keepdims=1)
+        flat_shape = op.Concat(op.Shape(tensor, end=axis), masked_size,
                                op.Shape(tensor, start=axis + mask_rank), axis=0)
         tensor = op.Reshape(tensor, flat_shape, allowzero=1)
-        mask = op.Reshape(mask, op.Constant(value_ints=[-1]))
+        mask = op.Reshape(mask, masked_size, allowzero=1)
     return op.Compress(tensor, mask, axis=axis)
 
 
@@ -171,14 +181,22 @@ def gather_nd(params, indices, check_bounds=True):
     return op.GatherND(params, _int64(indices))
 
 
+# Types summed in a wider one: ONNX has no bool addition (counts in int64,
+# where none wraps, then != 0 is the OR), and onnxruntime's ScatterND does not
+# add float16; half and bfloat16 are summed in float and rounded once, as our
+# CPU kernel does.
+_ACCUMULATE_AS = {ir.DataType.BOOL: ir.DataType.INT64, ir.DataType.FLOAT16: ir.DataType.FLOAT,
+                  ir.DataType.BFLOAT16: ir.DataType.FLOAT}
+
+
 def _scatter_add(op_name, base, indices, updates):
-    """base with updates added at indices (duplicates add up); bool ones OR together."""
-    dtype = base.dtype
-    if dtype == ir.DataType.BOOL:
-        # ONNX has no bool addition: count in int64, where no count wraps, then != 0.
-        summed = _scatter_add(op_name, op.Cast(base, to=ir.DataType.INT64), indices,
-                              op.Cast(updates, to=ir.DataType.INT64))
-        return op.Cast(summed, to=ir.DataType.BOOL)
+    """base with updates added at indices (duplicates add up). updates's dtype
+    is base's; updates comes from the graph, which knows it."""
+    dtype = updates.dtype
+    if dtype in _ACCUMULATE_AS:
+        wide = _ACCUMULATE_AS[dtype]
+        summed = _scatter_add(op_name, op.Cast(base, to=wide), indices, op.Cast(updates, to=wide))
+        return op.Cast(summed, to=dtype)
     if _index_depth(op_name, indices) == 0:
         # K == 0: every update row adds to the whole tensor (ScatterND needs K >= 1).
         leading = list(range(_rank(indices) - 1))
