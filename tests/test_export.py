@@ -4,7 +4,6 @@ AOTInductor into a package that loads back (here and in a fresh process) and
 runs; every time on inputs of other sizes than the export's, equal to eager.
 One module holds every op, since an AOTInductor compile takes tens of seconds."""
 
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,6 @@ import torch_masked as tm
 
 pytestmark = pytest.mark.deployment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVERY_OP = {"masked.nonzero.default", "masked.nonzero_tuple.default", "masked.nonzero_static.default",
             "masked.where.default", "masked.where.self", "masked.where.ScalarSelf", "masked.where.ScalarOther",
             "masked.select.default", "masked.boolean_mask.default", "masked.scatter_nd.default",
@@ -78,14 +76,23 @@ def test_aoti_package_round_trip(exported, tmp_path):
     for args in RUNS:
         assert_equal_outputs(compiled(*args), EveryOp()(*args))
 
-    # A fresh process: importing torch_masked registers the ops the package calls.
-    args_path = str(tmp_path / "args.pt")
+    # A fresh process without the Python package: loading the library alone
+    # registers the ops and kernels the package calls.
+    args_path, out_path = str(tmp_path / "args.pt"), str(tmp_path / "outputs.pt")
     torch.save(RUNS[0], args_path)
     script = (
-        "import sys, torch, torch_masked\n"
+        "import sys, torch\n"
+        "torch.ops.load_library(sys.argv[4])\n"
         "outputs = torch._inductor.aoti_load_package(sys.argv[1])(*torch.load(sys.argv[2]))\n"
+        "assert 'torch_masked' not in sys.modules\n"
         "torch.save(outputs, sys.argv[3])\n")
-    out_path = str(tmp_path / "outputs.pt")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-c", script, path, args_path, out_path], check=True, env=env)
+    subprocess.run([sys.executable, "-c", script, path, args_path, out_path, tm._C.__file__], check=True, cwd=tmp_path)
     assert_equal_outputs(torch.load(out_path), EveryOp()(*RUNS[0]))
+
+
+def test_import_needs_no_onnx():
+    """ONNX support lives in torch_masked.onnx alone: the package never imports onnx."""
+    script = ("import sys, torch_masked\n"
+              "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnxscript', 'onnxruntime', 'onnx_ir'})\n"
+              "assert not loaded, loaded\n")
+    subprocess.run([sys.executable, "-c", script], check=True)

@@ -161,6 +161,16 @@ def test_opset_below_16_refused_for_scatter():
     torch.testing.assert_close(torch.from_numpy(run_onnx(program, (idx, values))[0]), tm.scatter_nd(idx, values, [6]))
 
 
+class NonzeroStaticOfInputSize(torch.nn.Module):
+    def forward(self, x):
+        return tm.nonzero_static(x, size=x.shape[0])
+
+
+def test_nonzero_static_size_unknown_at_export_refused():
+    with pytest.raises(Exception, match=r"masked::nonzero_static cannot be exported to ONNX: size must be a number"):
+        export(NonzeroStaticOfInputSize(), (torch.ones(3),), ({0: N},))
+
+
 class WhereNumber(torch.nn.Module):
     def forward(self, c, x):
         return tm.where(c, x, 1j)

@@ -104,7 +104,7 @@ def _nonzero_rows(self):
     return op.NonZero(self)
 
 
-def nonzero(self):
+def _nonzero(self):
     indices = op.Transpose(_nonzero_rows(self), perm=[1, 0])
     if _rank(self) == 0:
         # [z, 0]: the z of the one-element view, no coordinates.
@@ -113,17 +113,17 @@ def nonzero(self):
     return indices
 
 
-def nonzero_tuple(self):
+def _nonzero_tuple(self):
     rows = _nonzero_rows(self)
     # One 1-D tensor per dimension; a 0-d input gives one, of zeros, as torch's.
     return [op.Gather(rows, op.Constant(value_int=dim), axis=0) for dim in range(max(_rank(self), 1))]
 
 
-def nonzero_static(self, size, fill_value=-1):
+def _nonzero_static(self, size, fill_value=-1):
     if not isinstance(size, int):
         _refuse("nonzero_static", f"size must be a number known at export time, got {size!r}")
     # Pad [z, rank] with `size` rows of fill_value, then keep the first `size`.
-    padded = op.Pad(nonzero(self), op.Constant(value_ints=[0, 0, size, 0]),
+    padded = op.Pad(_nonzero(self), op.Constant(value_ints=[0, 0, size, 0]),
                     op.Constant(value=ir.tensor(torch.tensor(fill_value, dtype=torch.int64))))
     return op.Slice(padded, op.Constant(value_ints=[0]), op.Constant(value_ints=[size]),
                     op.Constant(value_ints=[0]))
@@ -131,12 +131,12 @@ def nonzero_static(self, size, fill_value=-1):
 
 # --- where(condition, x, y), select --------------------------------------------
 
-def where_self(condition, x, y):
+def _where_self(condition, x, y):
     dtype = _result_dtype("where", x, y)
     return op.Where(condition, _as_dtype(x, dtype), _as_dtype(y, dtype))
 
 
-def select(condition, x, y):
+def _select(condition, x, y):
     dtype = _result_dtype("select", x, y)
     if _rank(condition) == 1 and _rank(x) > 1:
         # A row condition picks whole rows: [n] -> [n, 1, ...] broadcasts along each row.
@@ -146,7 +146,7 @@ def select(condition, x, y):
 
 # --- boolean_mask ----------------------------------------------------------------
 
-def boolean_mask(tensor, mask, axis=0):
+def _boolean_mask(tensor, mask, axis=0):
     rank, mask_rank = _rank(tensor), _rank(mask)
     axis = axis + rank if axis < 0 else axis
     if mask_rank > 1:
@@ -173,7 +173,7 @@ def _int64(indices):
     return indices if indices.dtype == ir.DataType.INT64 else op.Cast(indices, to=ir.DataType.INT64)
 
 
-def gather_nd(params, indices, check_bounds=True):
+def _gather_nd(params, indices, check_bounds=True):
     if _index_depth("gather_nd", indices) == 0:
         # ONNX's GatherND needs K >= 1; K == 0 picks the whole of params for every index row.
         rows = op.Shape(indices, end=-1)
@@ -206,13 +206,13 @@ def _scatter_add(op_name, base, indices, updates):
     return op.ScatterND(base, _int64(indices), updates, reduction="add")
 
 
-def scatter_nd(indices, updates, shape, check_bounds=True):
+def _scatter_nd(indices, updates, shape, check_bounds=True):
     zero = op.Constant(value=ir.tensor(torch.zeros((), dtype=_torch_dtype("scatter_nd", updates))))
     base = op.Expand(zero, shape)
     return _scatter_add("scatter_nd", base, indices, updates)
 
 
-def tensor_scatter_nd_add(tensor, indices, updates, check_bounds=True):
+def _tensor_scatter_nd_add(tensor, indices, updates, check_bounds=True):
     return _scatter_add("tensor_scatter_nd_add", tensor, indices, updates)
 
 
@@ -221,18 +221,18 @@ def translation_table():
     overload, for ``torch.onnx.export(..., custom_translation_table=)``."""
     masked = torch.ops.masked
     return {
-        masked.nonzero.default: nonzero,
-        masked.nonzero_tuple.default: nonzero_tuple,
-        masked.nonzero_static.default: nonzero_static,
-        masked.where.default: nonzero,
-        masked.where.self: where_self,
-        masked.where.ScalarSelf: where_self,
-        masked.where.ScalarOther: where_self,
-        masked.select.default: select,
-        masked.boolean_mask.default: boolean_mask,
-        masked.gather_nd.default: gather_nd,
-        masked.scatter_nd.default: scatter_nd,
-        masked.tensor_scatter_nd_add.default: tensor_scatter_nd_add,
+        masked.nonzero.default: _nonzero,
+        masked.nonzero_tuple.default: _nonzero_tuple,
+        masked.nonzero_static.default: _nonzero_static,
+        masked.where.default: _nonzero,
+        masked.where.self: _where_self,
+        masked.where.ScalarSelf: _where_self,
+        masked.where.ScalarOther: _where_self,
+        masked.select.default: _select,
+        masked.boolean_mask.default: _boolean_mask,
+        masked.gather_nd.default: _gather_nd,
+        masked.scatter_nd.default: _scatter_nd,
+        masked.tensor_scatter_nd_add.default: _tensor_scatter_nd_add,
     }
 
 
