@@ -202,3 +202,8 @@ def test_out_of_range_indices_follow_onnx():
     assert run_onnx(program, (params, torch.tensor([[-1, 0]])))[0].tolist() == [9.0]
     with pytest.raises(Exception, match="invalid|out of"):
         run_onnx(program, (params, torch.tensor([[4, 0]])))
+
+    program = export(Scatter(), (torch.tensor([[1], [2]]), torch.ones(2)), ({0: N}, {0: N}))
+    assert run_onnx(program, (torch.tensor([[-1]]), torch.ones(1)))[0].tolist() == [0, 0, 0, 0, 0, 1]
+    with pytest.raises(Exception, match="invalid|out of"):
+        run_onnx(program, (torch.tensor([[6]]), torch.ones(1)))
