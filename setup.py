@@ -86,6 +86,14 @@ def nvidia_wheel_includes():
     return sorted({p for p in found if os.path.isdir(p)})
 
 
+def torch_requirement():
+    """The extension is built against this torch's C++ ABI, which changes from
+    one minor version to the next: the wheel asks for the same minor, so that
+    pip refuses (or replaces) another torch rather than the import failing."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return f"torch>={major}.{minor},<{major}.{minor + 1}"
+
+
 def extensions():
     debug = os.environ.get("DEBUG", "0") == "1"
     with_cuda, why = decide_cuda()
@@ -124,6 +132,7 @@ def extensions():
 
 
 setup(
+    install_requires=[torch_requirement()],
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -1,0 +1,98 @@
+"""torch.export of a module using every op: the exported program keeps the
+masked ops, round-trips through torch.export.save/load, and compiles with
+AOTInductor into a package that loads back (here and in a fresh process) and
+runs; every time on inputs of other sizes than the export's, equal to eager.
+One module holds every op, since an AOTInductor compile takes tens of seconds."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_masked as tm
+
+pytestmark = pytest.mark.deployment
+
+EVERY_OP = {"masked.nonzero.default", "masked.nonzero_tuple.default", "masked.nonzero_static.default",
+            "masked.where.default", "masked.where.self", "masked.where.ScalarSelf", "masked.where.ScalarOther",
+            "masked.select.default", "masked.boolean_mask.default", "masked.scatter_nd.default",
+            "masked.gather_nd.default", "masked.tensor_scatter_nd_add.default"}
+
+
+class EveryOp(torch.nn.Module):
+    def forward(self, x, c, idx, values):
+        rows = c[:, 0]
+        # Data-dependent sizes feeding other ops: the TensorFlow idiom of
+        # scattering the masked values back to where they came from.
+        picked = tm.boolean_mask(x, c)
+        scattered = tm.scatter_nd(tm.where(c), picked, x.shape)
+        summed = tm.scatter_nd(idx, values, [5, 3])
+        return (tm.nonzero(x), *tm.nonzero(x, as_tuple=True), tm.nonzero_static(x, size=4),
+                tm.where(c, x, 0.0), tm.where(c, 2, x), tm.where(c, x, x.double()), tm.select(rows, x, -x),
+                picked, tm.boolean_mask(x, rows), scattered, summed, tm.gather_nd(summed, idx),
+                tm.tensor_scatter_nd_add(x, idx[:, :1], values.unsqueeze(1).expand(-1, 3)))
+
+
+def inputs(n, m):
+    g = torch.Generator().manual_seed(n * 10 + m)
+    x = torch.randn(n, 3, generator=g) * (torch.rand(n, 3, generator=g) > 0.3)
+    idx = torch.stack([torch.randint(0, min(n, 5), (m,), generator=g), torch.randint(0, 3, (m,), generator=g)], 1)
+    return x, torch.rand(n, 3, generator=g) > 0.5, idx, torch.randn(m, generator=g)
+
+
+DYNAMIC = ({0: torch.export.Dim("n")}, {0: torch.export.Dim("n")}, {0: torch.export.Dim("m")}, {0: torch.export.Dim("m")})
+RUNS = [inputs(7, 11), inputs(3, 2), inputs(5, 1)]
+
+
+def assert_equal_outputs(actual, expected):
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return torch.export.export(EveryOp(), inputs(4, 6), dynamic_shapes=DYNAMIC)
+
+
+def test_exported_program_keeps_every_op(exported):
+    assert {str(node.target) for node in exported.graph.nodes if str(node.target).startswith("masked.")} == EVERY_OP
+
+
+def test_save_load_round_trip(exported, tmp_path):
+    path = tmp_path / "every_op.pt2"
+    torch.export.save(exported, path)
+    loaded = torch.export.load(path)
+    for args in RUNS:
+        assert_equal_outputs(loaded.module()(*args), EveryOp()(*args))
+
+
+def test_aoti_package_round_trip(exported, tmp_path):
+    pytest.importorskip("torch._inductor")
+    path = str(tmp_path / "every_op.pt2")
+    torch._inductor.aoti_compile_and_package(exported, package_path=path)
+    compiled = torch._inductor.aoti_load_package(path)
+    for args in RUNS:
+        assert_equal_outputs(compiled(*args), EveryOp()(*args))
+
+    # A fresh process without the Python package: loading the library alone
+    # registers the ops and kernels the package calls.
+    args_path, out_path = str(tmp_path / "args.pt"), str(tmp_path / "outputs.pt")
+    torch.save(RUNS[0], args_path)
+    script = (
+        "import sys, torch\n"
+        "torch.ops.load_library(sys.argv[4])\n"
+        "outputs = torch._inductor.aoti_load_package(sys.argv[1])(*torch.load(sys.argv[2]))\n"
+        "assert 'torch_masked' not in sys.modules\n"
+        "torch.save(outputs, sys.argv[3])\n")
+    subprocess.run([sys.executable, "-c", script, path, args_path, out_path, tm._C.__file__], check=True, cwd=tmp_path)
+    assert_equal_outputs(torch.load(out_path), EveryOp()(*RUNS[0]))
+
+
+def test_import_needs_no_onnx():
+    """ONNX support lives in torch_masked.onnx alone: the package never imports onnx."""
+    script = ("import sys, torch_masked\n"
+              "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnxscript', 'onnxruntime', 'onnx_ir'})\n"
+              "assert not loaded, loaded\n")
+    subprocess.run([sys.executable, "-c", script], check=True)

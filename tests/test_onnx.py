@@ -1,0 +1,209 @@
+"""ONNX export (torch_masked.onnx): every op and mode exported once with a
+dynamic leading dimension, run in onnxruntime on inputs of other sizes than
+the export's, and compared with eager; and the cases ONNX cannot express,
+refused at export time. Each export takes seconds, so one module holds the
+modes of an op family."""
+
+import warnings
+
+import pytest
+import torch
+
+import torch_masked as tm
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxscript")
+ort = pytest.importorskip("onnxruntime")
+import torch_masked.onnx as masked_onnx  # noqa: E402
+
+pytestmark = pytest.mark.deployment
+
+N = torch.export.Dim("n", min=0)
+
+
+def export(module, args, dynamic_shapes=None, **kwargs):
+    with warnings.catch_warnings():
+        # The exporter's notes (training mode, unused axis names) are not ours.
+        warnings.simplefilter("ignore")
+        return masked_onnx.export(module.eval(), args, dynamic_shapes=dynamic_shapes, verbose=False, **kwargs)
+
+
+def masked_ops(program):
+    """The masked:: ops the exported program kept (none decomposed away)."""
+    return {str(node.target) for node in program.exported_program.graph.nodes
+            if str(node.target).startswith("masked.")}
+
+
+def run_onnx(program, args):
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    return session.run(None, dict(zip(names, (a.numpy() for a in args))))
+
+
+def flatten(outputs):
+    flat = []
+    for output in outputs:
+        flat += list(output) if isinstance(output, (tuple, list)) else [output]
+    return flat
+
+
+def check_roundtrip(module, export_args, dynamic_shapes, run_args_list, expected_ops):
+    program = export(module, export_args, dynamic_shapes)
+    assert masked_ops(program) == expected_ops
+    for args in run_args_list:
+        expected = flatten(module(*args))
+        actual = run_onnx(program, args)
+        assert len(actual) == len(expected)
+        for got, want in zip(actual, expected):
+            got = torch.from_numpy(got)
+            assert got.dtype == want.dtype and got.shape == want.shape, (got, want)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+class Nonzeros(torch.nn.Module):
+    def forward(self, x, b, s, i):
+        return (tm.nonzero(x), tm.nonzero(x, as_tuple=True), tm.nonzero_static(x, size=4, fill_value=-7),
+                tm.where(b), tm.nonzero(s), tm.nonzero(s, as_tuple=True), tm.nonzero(i),
+                # Types onnxruntime's NonZero lacks.
+                tm.nonzero(x.double()), tm.nonzero(i.to(torch.int8)))
+
+
+def test_nonzero_modes():
+    def inputs(n, scalar):
+        x = torch.tensor([[0.0, -0.0, 2.0], [float("nan"), 0.0, 1.0]]).repeat(n, 1)[:n]
+        b = torch.arange(n) % 3 == 1
+        i = (torch.arange(n * 6, dtype=torch.int32).reshape(n, 2, 3) % 4)
+        return x, b, torch.tensor(scalar), i
+
+    check_roundtrip(Nonzeros(), inputs(5, 3.0), ({0: N}, {0: N}, None, {0: N}),
+                    [inputs(7, 0.0), inputs(1, 2.0), inputs(0, 1.0), inputs(9, 0.0)],
+                    {"masked.nonzero.default", "masked.nonzero_tuple.default",
+                     "masked.nonzero_static.default", "masked.where.default"})
+
+
+class Selects(torch.nn.Module):
+    def forward(self, c, row, scalar, x, y, xi):
+        return (tm.where(c, x, y), tm.where(c[:1], x, 2), tm.where(c, 0.5, xi), tm.where(c, xi, 3),
+                tm.where(c, x, True), tm.where(c, xi.to(torch.int8), -100),
+                tm.select(scalar, x, y), tm.select(c, x, xi), tm.select(row, x, y), tm.select(row, xi, x))
+
+
+def test_where_and_select_modes():
+    def inputs(n):
+        g = torch.Generator().manual_seed(n)
+        c = torch.rand(n, 3, generator=g) > 0.5
+        return (c, torch.rand(n, generator=g) > 0.5, torch.tensor(n % 2 == 1), torch.randn(n, 3, generator=g),
+                torch.randn(n, 3, dtype=torch.float64, generator=g), torch.randint(-50, 50, (n, 3), dtype=torch.int32))
+
+    check_roundtrip(Selects(), inputs(4), ({0: N},) * 2 + (None,) + ({0: N},) * 3, [inputs(6), inputs(3), inputs(2)],
+                    {"masked.where.self", "masked.where.ScalarSelf", "masked.where.ScalarOther", "masked.select.default"})
+
+
+class BooleanMasks(torch.nn.Module):
+    def forward(self, t, rows, plane, last, leading, ints):
+        return (tm.boolean_mask(t, rows), tm.boolean_mask(t, plane, axis=1), tm.boolean_mask(t, last, axis=-1),
+                tm.boolean_mask(t, leading), tm.boolean_mask(ints, plane, axis=-2), tm.boolean_mask(rows, rows))
+
+
+def test_boolean_mask_axes_and_ranks():
+    def inputs(n):
+        g = torch.Generator().manual_seed(n)
+        t = torch.randn(n, 4, 5, generator=g)
+        return (t, torch.rand(n, generator=g) > 0.5, torch.rand(4, 5, generator=g) > 0.5,
+                torch.rand(5, generator=g) > 0.3, torch.rand(n, 4, generator=g) > 0.5,
+                torch.randint(0, 9, (n, 4, 5), generator=g))
+
+    check_roundtrip(BooleanMasks(), inputs(3), ({0: N}, {0: N}, None, None, {0: N}, {0: N}),
+                    [inputs(5), inputs(2), inputs(0)], {"masked.boolean_mask.default"})
+
+
+class Scatters(torch.nn.Module):
+    def forward(self, idx, idx32, values, slices, base, flags, whole, one):
+        ints = (values * 10).to(torch.int64)
+        return (tm.scatter_nd(idx, values, [4, 3]), tm.scatter_nd(idx, values.half(), [4, 3]),
+                tm.tensor_scatter_nd_add(base.bfloat16(), idx32, slices.bfloat16()).float(),  # numpy has no bfloat16 tm.scatter_nd(idx32, slices, [4, 3]),
+                tm.tensor_scatter_nd_add(base, idx, values), tm.tensor_scatter_nd_add(base, idx32, slices),
+                tm.scatter_nd(idx, ints, [4, 3]), tm.gather_nd(base, idx), tm.gather_nd(base, idx32),
+                tm.scatter_nd(idx, flags, [4, 3]), tm.tensor_scatter_nd_add(base > 0, idx, flags),
+                # K == 0: whole-tensor updates; rank-1 indices: one index.
+                tm.scatter_nd(idx[:, :0], whole, [4, 3]), tm.gather_nd(base, idx[:, :0]),
+                tm.tensor_scatter_nd_add(base, one, base[0, 0]), tm.gather_nd(base, one),
+                tm.scatter_nd(one[:0], base, [4, 3]))
+
+
+def test_scatter_gather_with_duplicates():
+    def inputs(n):
+        g = torch.Generator().manual_seed(n)
+        # Few slots for many rows: duplicates in every run.
+        idx = torch.stack([torch.randint(0, 4, (n,), generator=g), torch.randint(0, 3, (n,), generator=g)], 1)
+        idx32 = torch.randint(0, 4, (n, 1), generator=g, dtype=torch.int32)
+        return (idx, idx32, torch.randn(n, generator=g), torch.randn(n, 3, generator=g), torch.randn(4, 3, generator=g),
+                torch.rand(n, generator=g) > 0.7, torch.randn(n, 4, 3, generator=g), torch.tensor([2, 1]))
+
+    check_roundtrip(Scatters(), inputs(5), ({0: N},) * 4 + (None,) + ({0: N},) * 2 + (None,),
+                    [inputs(9), inputs(2), inputs(0)],
+                    {"masked.scatter_nd.default", "masked.tensor_scatter_nd_add.default", "masked.gather_nd.default"})
+
+
+class Scatter(torch.nn.Module):
+    def forward(self, idx, values):
+        return tm.scatter_nd(idx, values, [6])
+
+
+def test_opset_below_16_refused_for_scatter():
+    """ScatterND adds duplicates (reduction="add") from opset 16: older opsets
+    are refused, not exported as a scatter that overwrites."""
+    idx, values = torch.tensor([[1], [1]]), torch.tensor([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"masked::scatter_nd cannot be exported to ONNX opset 15.*reduction='add'"):
+        export(Scatter(), (idx, values), opset_version=15)
+    program = export(Scatter(), (idx, values), opset_version=16)
+    assert program.model.opset_imports[""] == 16
+    torch.testing.assert_close(torch.from_numpy(run_onnx(program, (idx, values))[0]), tm.scatter_nd(idx, values, [6]))
+
+
+class NonzeroStaticOfInputSize(torch.nn.Module):
+    def forward(self, x):
+        return tm.nonzero_static(x, size=x.shape[0])
+
+
+def test_nonzero_static_size_unknown_at_export_refused():
+    with pytest.raises(Exception, match=r"masked::nonzero_static cannot be exported to ONNX: size must be a number"):
+        export(NonzeroStaticOfInputSize(), (torch.ones(3),), ({0: N},))
+
+
+class WhereNumber(torch.nn.Module):
+    def forward(self, c, x):
+        return tm.where(c, x, 1j)
+
+
+class WhereComplex(torch.nn.Module):
+    def forward(self, c, x):
+        return tm.where(c, x, x)
+
+
+def test_complex_refused():
+    c = torch.tensor([True, False])
+    with pytest.raises(Exception, match=r"masked::where cannot be exported to ONNX: the number 1j is complex"):
+        export(WhereNumber(), (c, torch.ones(2)))
+    with pytest.raises(Exception, match=r"masked.where.*self[\s\S]*complex-valued"):
+        export(WhereComplex(), (c, torch.ones(2, dtype=torch.complex64)))
+
+
+class Gather(torch.nn.Module):
+    def forward(self, params, idx):
+        return tm.gather_nd(params, idx)
+
+
+def test_out_of_range_indices_follow_onnx():
+    """onnxruntime does what ONNX specifies, not our IndexError: a negative
+    index counts from the end, one past the dimension fails the run."""
+    params = torch.arange(12.0).reshape(4, 3)
+    program = export(Gather(), (params, torch.tensor([[1, 2]])), ({}, {0: N}))
+    assert run_onnx(program, (params, torch.tensor([[-1, 0]])))[0].tolist() == [9.0]
+    with pytest.raises(Exception, match="invalid|out of"):
+        run_onnx(program, (params, torch.tensor([[4, 0]])))
+
+    program = export(Scatter(), (torch.tensor([[1], [2]]), torch.ones(2)), ({0: N}, {0: N}))
+    assert run_onnx(program, (torch.tensor([[-1]]), torch.ones(1)))[0].tolist() == [0, 0, 0, 0, 0, 1]
+    with pytest.raises(Exception, match="invalid|out of"):
+        run_onnx(program, (torch.tensor([[6]]), torch.ones(1)))

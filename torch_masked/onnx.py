@@ -1,0 +1,266 @@
+"""ONNX export of the ``torch.ops.masked`` ops (needs ``onnx`` and ``onnxscript``:
+``pip install torch_masked[onnx]``).
+
+PyTorch's ONNX exporter (``torch.onnx.export(..., dynamo=True)``) translates
+each operator of the exported program with an onnxscript function; for custom
+ops it takes them from ``custom_translation_table``. This module holds ours::
+
+    import torch_masked.onnx
+    program = torch_masked.onnx.export(model, args, dynamic_shapes=...)
+    # the same as
+    program = torch.onnx.export(model, args, dynamo=True,
+                                custom_translation_table=torch_masked.onnx.translation_table())
+
+Each op maps to the standard ONNX op of the same meaning: ``Where``,
+``NonZero`` (transposed: ONNX gives ``[rank, z]``), ``Compress``,
+``GatherND``, ``ScatterND`` with ``reduction="add"`` (opset 16 or later).
+What ONNX cannot express fails here, at export time, with a ``ValueError``
+naming the op and the case (PyTorch's exporter wraps it in its
+``ConversionError``), never as a model that computes something else.
+
+The translations are traced when a graph is exported: they see each input's
+rank and dtype, and the Python values of the op's non-tensor arguments.
+Importing ``torch_masked`` never imports this module.
+"""
+
+import torch
+from onnxscript import ir
+from onnxscript import opset18 as op
+
+__all__ = ["export", "translation_table"]
+
+# Scatter with duplicates needs ScatterND's reduction="add".
+_SCATTER_OPSET = 16
+
+# The dtypes our translations promote between (where/select), as torch names them.
+_TORCH_DTYPES = {
+    ir.DataType.BOOL: torch.bool,
+    ir.DataType.UINT8: torch.uint8,
+    ir.DataType.INT8: torch.int8,
+    ir.DataType.INT16: torch.int16,
+    ir.DataType.INT32: torch.int32,
+    ir.DataType.INT64: torch.int64,
+    ir.DataType.FLOAT16: torch.float16,
+    ir.DataType.BFLOAT16: torch.bfloat16,
+    ir.DataType.FLOAT: torch.float32,
+    ir.DataType.DOUBLE: torch.float64,
+}
+_ONNX_DTYPES = {torch_dtype: onnx_dtype for onnx_dtype, torch_dtype in _TORCH_DTYPES.items()}
+
+
+def _refuse(op_name, case):
+    raise ValueError(f"torch_masked.onnx: masked::{op_name} cannot be exported to ONNX: {case}")
+
+
+def _torch_dtype(op_name, value):
+    """value's dtype as torch's, or refused where ONNX (or onnxruntime) has no such type."""
+    if isinstance(value, (bool, int, float)):
+        return torch.tensor(value).dtype
+    if isinstance(value, complex):
+        _refuse(op_name, f"the number {value} is complex, and ONNX's Where has no complex types")
+    if value.dtype not in _TORCH_DTYPES:
+        _refuse(op_name, f"dtype {value.dtype} is not among the types this export promotes between "
+                         f"({', '.join(str(t) for t in _TORCH_DTYPES.values())})")
+    return _TORCH_DTYPES[value.dtype]
+
+
+def _result_dtype(op_name, x, y):
+    """torch.result_type(x, y), which our where/select compute, for ONNX values or numbers."""
+    def example(value, dtype):
+        # A number keeps its value, so that it promotes as a wrapped number does.
+        return value if isinstance(value, (bool, int, float)) else torch.empty((), dtype=dtype)
+
+    dx, dy = _torch_dtype(op_name, x), _torch_dtype(op_name, y)
+    return _ONNX_DTYPES[torch.result_type(example(x, dx), example(y, dy))]
+
+
+def _as_dtype(value, dtype):
+    """value (an ONNX value or a Python number) as an ONNX value of dtype."""
+    if isinstance(value, (bool, int, float)):
+        return op.Constant(value=ir.tensor(torch.tensor(value, dtype=_TORCH_DTYPES[dtype])))
+    return value if value.dtype == dtype else op.Cast(value, to=dtype)
+
+
+def _rank(value):
+    return len(value.shape)
+
+
+# --- nonzero, where(condition) -------------------------------------------------
+
+# The types onnxruntime's NonZero takes; others are read through a cast to
+# bool, which (as ONNX specifies Cast) is true for every non-zero value and
+# NaN, false for +-0.0: our rule.
+_NONZERO_TYPES = {ir.DataType.BOOL, ir.DataType.UINT8, ir.DataType.INT32, ir.DataType.INT64,
+                  ir.DataType.FLOAT16, ir.DataType.FLOAT}
+
+
+def _nonzero_rows(self):
+    """ONNX NonZero: [rank, z]; a 0-d input is read as one element (rank 1)."""
+    rank = _rank(self)
+    if self.dtype not in _NONZERO_TYPES:
+        self = op.Cast(self, to=ir.DataType.BOOL)
+    if rank == 0:
+        self = op.Reshape(self, op.Constant(value_ints=[1]))
+    return op.NonZero(self)
+
+
+def _nonzero(self):
+    indices = op.Transpose(_nonzero_rows(self), perm=[1, 0])
+    if _rank(self) == 0:
+        # [z, 0]: the z of the one-element view, no coordinates.
+        return op.Slice(indices, op.Constant(value_ints=[0]), op.Constant(value_ints=[0]),
+                        op.Constant(value_ints=[1]))
+    return indices
+
+
+def _nonzero_tuple(self):
+    rows = _nonzero_rows(self)
+    # One 1-D tensor per dimension; a 0-d input gives one, of zeros, as torch's.
+    return [op.Gather(rows, op.Constant(value_int=dim), axis=0) for dim in range(max(_rank(self), 1))]
+
+
+def _nonzero_static(self, size, fill_value=-1):
+    if not isinstance(size, int):
+        _refuse("nonzero_static", f"size must be a number known at export time, got {size!r}")
+    # Pad [z, rank] with `size` rows of fill_value, then keep the first `size`.
+    padded = op.Pad(_nonzero(self), op.Constant(value_ints=[0, 0, size, 0]),
+                    op.Constant(value=ir.tensor(torch.tensor(fill_value, dtype=torch.int64))))
+    return op.Slice(padded, op.Constant(value_ints=[0]), op.Constant(value_ints=[size]),
+                    op.Constant(value_ints=[0]))
+
+
+# --- where(condition, x, y), select --------------------------------------------
+
+def _where_self(condition, x, y):
+    dtype = _result_dtype("where", x, y)
+    return op.Where(condition, _as_dtype(x, dtype), _as_dtype(y, dtype))
+
+
+def _select(condition, x, y):
+    dtype = _result_dtype("select", x, y)
+    if _rank(condition) == 1 and _rank(x) > 1:
+        # A row condition picks whole rows: [n] -> [n, 1, ...] broadcasts along each row.
+        condition = op.Unsqueeze(condition, op.Constant(value_ints=list(range(1, _rank(x)))))
+    return op.Where(condition, _as_dtype(x, dtype), _as_dtype(y, dtype))
+
+
+# --- boolean_mask ----------------------------------------------------------------
+
+def _boolean_mask(tensor, mask, axis=0):
+    rank, mask_rank = _rank(tensor), _rank(mask)
+    axis = axis + rank if axis < 0 else axis
+    if mask_rank > 1:
+        # The mask's K dimensions become one: [*before, M, *after], M = prod(mask.shape).
+        masked_size = op.ReduceProd(op.Shape(mask), keepdims=1)
+        flat_shape = op.Concat(op.Shape(tensor, end=axis), masked_size,
+                               op.Shape(tensor, start=axis + mask_rank), axis=0)
+        tensor = op.Reshape(tensor, flat_shape, allowzero=1)
+        mask = op.Reshape(mask, masked_size, allowzero=1)
+    return op.Compress(tensor, mask, axis=axis)
+
+
+# --- gather_nd, scatter_nd, tensor_scatter_nd_add --------------------------------
+
+def _index_depth(op_name, indices):
+    """K, the last dimension of indices, which must be known at export time."""
+    depth = indices.shape[-1] if _rank(indices) > 0 else None
+    if not isinstance(depth, int):
+        _refuse(op_name, f"the last dimension of indices (K) must be static, got shape {indices.shape}")
+    return depth
+
+
+def _int64(indices):
+    return indices if indices.dtype == ir.DataType.INT64 else op.Cast(indices, to=ir.DataType.INT64)
+
+
+def _gather_nd(params, indices, check_bounds=True):
+    if _index_depth("gather_nd", indices) == 0:
+        # ONNX's GatherND needs K >= 1; K == 0 picks the whole of params for every index row.
+        rows = op.Shape(indices, end=-1)
+        return op.Expand(params, op.Concat(rows, op.Shape(params), axis=0))
+    return op.GatherND(params, _int64(indices))
+
+
+# Types summed in a wider one: ONNX has no bool addition (counts in int64,
+# where none wraps, then != 0 is the OR), and onnxruntime's ScatterND does not
+# add float16; half and bfloat16 are summed in float and rounded once, as our
+# CPU kernel does.
+_ACCUMULATE_AS = {ir.DataType.BOOL: ir.DataType.INT64, ir.DataType.FLOAT16: ir.DataType.FLOAT,
+                  ir.DataType.BFLOAT16: ir.DataType.FLOAT}
+
+
+def _scatter_add(op_name, base, indices, updates):
+    """base with updates added at indices (duplicates add up). updates's dtype
+    is base's; updates comes from the graph, which knows it."""
+    dtype = updates.dtype
+    if dtype in _ACCUMULATE_AS:
+        wide = _ACCUMULATE_AS[dtype]
+        summed = _scatter_add(op_name, op.Cast(base, to=wide), indices, op.Cast(updates, to=wide))
+        return op.Cast(summed, to=dtype)
+    if _index_depth(op_name, indices) == 0:
+        # K == 0: every update row adds to the whole tensor (ScatterND needs K >= 1).
+        leading = list(range(_rank(indices) - 1))
+        if leading:
+            updates = op.ReduceSum(updates, op.Constant(value_ints=leading), keepdims=0)
+        return op.Add(base, updates)
+    return op.ScatterND(base, _int64(indices), updates, reduction="add")
+
+
+def _scatter_nd(indices, updates, shape, check_bounds=True):
+    zero = op.Constant(value=ir.tensor(torch.zeros((), dtype=_torch_dtype("scatter_nd", updates))))
+    base = op.Expand(zero, shape)
+    return _scatter_add("scatter_nd", base, indices, updates)
+
+
+def _tensor_scatter_nd_add(tensor, indices, updates, check_bounds=True):
+    return _scatter_add("tensor_scatter_nd_add", tensor, indices, updates)
+
+
+def translation_table():
+    """{torch.ops.masked.<op>.<overload>: onnxscript translation}, every op and
+    overload, for ``torch.onnx.export(..., custom_translation_table=)``."""
+    masked = torch.ops.masked
+    return {
+        masked.nonzero.default: _nonzero,
+        masked.nonzero_tuple.default: _nonzero_tuple,
+        masked.nonzero_static.default: _nonzero_static,
+        masked.where.default: _nonzero,
+        masked.where.self: _where_self,
+        masked.where.ScalarSelf: _where_self,
+        masked.where.ScalarOther: _where_self,
+        masked.select.default: _select,
+        masked.boolean_mask.default: _boolean_mask,
+        masked.gather_nd.default: _gather_nd,
+        masked.scatter_nd.default: _scatter_nd,
+        masked.tensor_scatter_nd_add.default: _tensor_scatter_nd_add,
+    }
+
+
+def _check_opset(program, opset_version):
+    """PyTorch traces translations at opset 18 and converts the model down to
+    an older opset_version afterwards, keeping 18 (with a warning) where it
+    cannot; a scatter below opset 16 is refused instead."""
+    if opset_version is None or opset_version >= _SCATTER_OPSET:
+        return
+    scatters = (torch.ops.masked.scatter_nd.default, torch.ops.masked.tensor_scatter_nd_add.default)
+    for node in program.exported_program.graph.nodes:
+        if node.target in scatters:
+            raise ValueError(
+                f"torch_masked.onnx: masked::{node.target._opname} cannot be exported to ONNX opset "
+                f"{opset_version}: duplicate indices add up with ScatterND's reduction='add', which needs "
+                f"opset {_SCATTER_OPSET} or later")
+
+
+def export(model, args=(), f=None, *, opset_version=None, custom_translation_table=None,
+           external_data=True, **kwargs):
+    """``torch.onnx.export(model, args, f, dynamo=True, ...)`` with the translations
+    of the masked ops added to ``custom_translation_table`` (the caller's own
+    entries win); returns PyTorch's ``ONNXProgram``. An ``opset_version`` below
+    16 is refused (``ValueError``) when the model scatters."""
+    table = {**translation_table(), **(custom_translation_table or {})}
+    program = torch.onnx.export(model, args, dynamo=True, opset_version=opset_version,
+                                custom_translation_table=table, **kwargs)
+    _check_opset(program, opset_version)
+    if f is not None:
+        program.save(f, external_data=external_data)
+    return program
