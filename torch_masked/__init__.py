@@ -22,6 +22,9 @@ from .ops.boolean_mask import boolean_mask
 from .ops.nonzero import nonzero, nonzero_static
 from .ops.scatter_nd import gather_nd, scatter_nd, tensor_scatter_nd_add
 from .ops.where import select, where
+from .sharding import register_when_dtensor_loads
+
+register_when_dtensor_loads()
 
 __all__ = [
     "boolean_mask",
