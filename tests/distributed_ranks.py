@@ -22,6 +22,16 @@ import torch.multiprocessing as mp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def local_environment():
+    """The environment for processes that talk over gloo on this machine:
+    the loopback interface on Linux, where gloo would otherwise take the
+    address the host name resolves to, which some containers lack."""
+    env = {"PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")])}
+    if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
 @dataclass
 class Failed:
     """What a rank raised."""
@@ -61,10 +71,11 @@ def run_ranks(target, world_size, directory, timeout, *args, collective_timeout=
     context = mp.get_context("spawn")
     results = context.Queue()
     store_path = os.path.join(str(directory), "store")
-    # The spawned interpreters import this tree's torch_masked and tests.
-    path = os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")])
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = path
+    # The spawned interpreters import this tree's torch_masked and tests, and
+    # take the environment of this one at the time they start.
+    environment = local_environment()
+    previous = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
     processes = []
     try:
         for rank in range(world_size):
@@ -95,10 +106,11 @@ def run_ranks(target, world_size, directory, timeout, *args, collective_timeout=
                 process.kill()
                 process.join()
         results.close()
-        if previous is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = previous
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def _now():

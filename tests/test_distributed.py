@@ -5,6 +5,7 @@ Each group of processes is started once and runs many cases; the tests read
 their reports. Marked ``cpu_kernel``: the processes load csrc/cpu's kernels,
 never the emulated CUDA ones, so tests/cuda_emulation/run.py leaves them out.
 """
+import os
 import subprocess
 import sys
 
@@ -105,4 +106,5 @@ REGISTERED = (
     ids=["torch_masked_first", "dtensor_first"],
 )
 def test_rules_registered_in_either_import_order(imports):
-    subprocess.run([sys.executable, "-c", imports + REGISTERED], check=True, timeout=120)
+    env = dict(os.environ, **distributed_ranks.local_environment())
+    subprocess.run([sys.executable, "-c", imports + REGISTERED], check=True, timeout=120, env=env)

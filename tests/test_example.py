@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from distributed_ranks import ROOT, local_environment
+
 SCRIPT = os.path.join(ROOT, "examples", "train_masked.py")
 pytestmark = pytest.mark.cpu_kernel
 
 
 def _train(tmp_path, launcher, *arguments):
     report = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, **local_environment())
     subprocess.run([*launcher, SCRIPT, "--report", str(report), *arguments], check=True, timeout=400, env=env, cwd=ROOT)
     return json.loads(report.read_text())
 

@@ -32,21 +32,16 @@ import torch
 _DTENSOR_MODULE = "torch.distributed.tensor"
 
 
-def _shard_dims(spec):
-    """The dimensions an input is sharded on (plain ``Shard``) on any mesh dimension."""
-    from torch.distributed.tensor import Shard
-
-    return {p.dim for p in spec.placements if type(p) is Shard}
-
-
 def _partials(*specs):
-    """The ``Partial`` placements among the inputs, each once."""
+    """The ``Partial`` placements among the inputs, each once. Plain ones
+    only: DTensor's subclasses of it (a masked embedding's, a norm's) reduce
+    in their own ways."""
     from torch.distributed.tensor import Partial
 
     found = []
     for spec in specs:
         for placement in getattr(spec, "placements", ()):
-            if isinstance(placement, Partial) and type(placement) is Partial and placement not in found:
+            if type(placement) is Partial and placement not in found:
                 found.append(placement)
     return found
 
@@ -84,7 +79,7 @@ def _keeps_number(partial, number):
     """Whether a Python number beside Partial tensors stays exact when the
     ranks' results are reduced: a number is the same on every rank, so max,
     min and avg of it are itself, and a sum of it is itself only for 0."""
-    return partial.reduce_op != "sum" or number == 0
+    return partial.reduce_op in ("max", "min", "avg") or (partial.reduce_op == "sum" and number == 0)
 
 
 def _where_strategies(condition, x, y):
@@ -289,10 +284,10 @@ def _placed(local, spec, placements):
 
 
 def _wrap(local, mesh, placements, shape):
+    """A DTensor of global ``shape`` (contiguous) from this rank's part."""
+    from torch._prims_common import make_contiguous_strides_for
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-
-    from torch._prims_common import make_contiguous_strides_for
 
     shape = torch.Size(shape)
     meta = TensorMeta(shape, make_contiguous_strides_for(shape), local.dtype)
@@ -352,6 +347,8 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
+        if spec is None:
+            return None
         exec_module = spec.loader.exec_module
 
         def exec_then_register(module):
