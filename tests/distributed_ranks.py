@@ -14,6 +14,7 @@ import datetime
 import os
 import queue as queue_module
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ class Failed:
 
 
 class RanksTimedOut(AssertionError):
-    pass
+    """Ranks that ran past the time allowed, or ended without a result."""
 
 
 def _rank_main(rank, world_size, store_path, collective_timeout, target, args, results):
@@ -87,17 +88,24 @@ def run_ranks(target, world_size, directory, timeout, *args, collective_timeout=
             process.start()
             processes.append(process)
         outcomes = {}
-        deadline = _now() + timeout
+        deadline = time.monotonic() + timeout
         while len(outcomes) < world_size:
             try:
-                rank, outcome = results.get(timeout=max(0.1, deadline - _now()))
+                rank, outcome = results.get(timeout=1)
+                outcomes[rank] = outcome
+                continue
             except queue_module.Empty:
-                missing = sorted(set(range(world_size)) - set(outcomes))
+                pass
+            missing = sorted(set(range(world_size)) - set(outcomes))
+            # A rank's result reaches the queue before its process ends.
+            dead = {rank: processes[rank].exitcode for rank in missing if not processes[rank].is_alive()}
+            if dead:
+                raise RanksTimedOut(f"ranks ended without a result (rank: exit code): {dead}")
+            if time.monotonic() > deadline:
                 raise RanksTimedOut(
                     f"ranks {missing} of {world_size} did not finish {target.__name__} within {timeout} s "
                     f"(finished: {outcomes})"
-                ) from None
-            outcomes[rank] = outcome
+                )
         return [outcomes[rank] for rank in range(world_size)]
     finally:
         for process in processes:
@@ -113,10 +121,13 @@ def run_ranks(target, world_size, directory, timeout, *args, collective_timeout=
                 os.environ[name] = value
 
 
-def _now():
-    import time
-
-    return time.monotonic()
+def rank_one_hangs(rank, world_size, directory):
+    """Rank 1 writes its process id and never returns."""
+    with open(os.path.join(directory, f"pid{rank}"), "w") as file:
+        file.write(str(os.getpid()))
+    while rank == 1:
+        time.sleep(1)
+    return "done"
 
 
 # --------------------------------------------------------------------------

@@ -89,6 +89,14 @@ def test_one_rank_raising_does_not_hang_the_other(tmp_path):
     assert isinstance(first, Failed) and first.kind in ("RuntimeError", "DistBackendError"), first
 
 
+def test_a_hanging_rank_is_reported_and_ended(tmp_path):
+    with pytest.raises(distributed_ranks.RanksTimedOut, match=r"ranks \[1\] of 2 did not finish rank_one_hangs"):
+        run_ranks(distributed_ranks.rank_one_hangs, 2, tmp_path, 25, str(tmp_path))
+    for rank in (0, 1):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((tmp_path / f"pid{rank}").read_text()), 0)
+
+
 REGISTERED = (
     "from torch.distributed.tensor import DTensor\n"
     "assert torch.ops.masked.where.self in DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs\n"
