@@ -219,7 +219,9 @@ def _dtensor_cases():
         tm.where(p(c, Replicate()), 3.0, p(y, Partial("max"))), torch.where(c, 3.0, y), Partial("max"))
     cases["where_partial_avg_number"] = lambda p: (
         tm.where(p(c, Replicate()), p(x, Partial("avg")), 3.0), torch.where(c, x, 3.0), Partial("avg"))
-    # A sum of ranks would add the number once per rank: reduced first.
+    # A sum of ranks would add the number once per rank: reduced first (the
+    # same call as where_partial_zero but the number, which DTensor's cache
+    # of decisions must tell apart).
     cases["where_partial_sum_number"] = lambda p: (
         tm.where(p(c, Replicate()), p(x, Partial()), 1.0), torch.where(c, x, 1.0), None)
     cases["where_mixed_partial_shard"] = lambda p: (
@@ -259,6 +261,10 @@ def _dtensor_cases():
     cases["scatter_nd_slices"] = lambda p: (
         tm.scatter_nd(p(indices, Replicate()), p(updates, Shard(1)), [5, 6]),
         scatter_reference(zeros, indices, updates), Shard(1))
+    # The same arguments but the shape: DTensor's cache of decisions must tell them apart.
+    cases["scatter_nd_slices_other_shape"] = lambda p: (
+        tm.scatter_nd(p(indices, Replicate()), p(updates, Shard(1)), [7, 6]),
+        scatter_reference(torch.zeros(7, 6, dtype=torch.float64), indices, updates), Shard(1))
     row_indices, row_updates = torch.tensor([[3], [0], [3], [1]]), rand(4, 6)
     # Each rank scatters its rows; the sum over ranks is the whole scatter.
     cases["scatter_nd_rows"] = lambda p: (
