@@ -174,7 +174,8 @@ class _Placer:
 
 
 def _dtensor_cases():
-    """name -> function(place) returning (result, reference, expected placement)."""
+    """name -> function(place) returning (result, reference, expected placement,
+    None where any placement is right: the point is then the value)."""
     import torch
     from torch.distributed.tensor import Partial, Replicate, Shard
 
@@ -194,13 +195,6 @@ def _dtensor_cases():
     deep = rand(2, 4, 5, 6)
     deep_mask = mask(4, 5)
     cases = {}
-
-    def case(name):
-        def register(fn):
-            cases[name] = fn
-            return fn
-
-        return register
 
     for dim in (0, 1):
         cases[f"where_shard{dim}"] = lambda p, d=dim: (

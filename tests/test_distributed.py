@@ -91,7 +91,7 @@ def test_one_rank_raising_does_not_hang_the_other(tmp_path):
 
 def test_a_hanging_rank_is_reported_and_ended(tmp_path):
     with pytest.raises(distributed_ranks.RanksTimedOut, match=r"ranks \[1\] of 2 did not finish rank_one_hangs"):
-        run_ranks(distributed_ranks.rank_one_hangs, 2, tmp_path, 25, str(tmp_path))
+        run_ranks(distributed_ranks.rank_one_hangs, 2, tmp_path, 20, str(tmp_path))
     for rank in (0, 1):
         with pytest.raises(ProcessLookupError):
             os.kill(int((tmp_path / f"pid{rank}").read_text()), 0)
