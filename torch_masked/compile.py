@@ -23,11 +23,13 @@ run time (from ``nonzero`` or ``boolean_mask``), whose mismatch our kernel
 reports by name.
 
 ``gather_nd``, ``scatter_nd``, ``tensor_scatter_nd_add``, ``boolean_mask``
-and ``nonzero`` stay our kernels inside compiled graphs on every device: on
-the CPU, measured with ``benchmarks/bench_compiled.py``, each is faster than
-what Inductor makes of the native equivalent, fusion included (README,
-"Inside torch.compile"). They also keep our contract there: an out-of-range
-index is our ``IndexError``, never a device assert.
+and ``nonzero`` stay our kernels inside compiled graphs, on every device:
+``boolean_mask`` and ``nonzero`` are faster there than what Inductor makes of
+the native equivalents, the scatters on large outputs too
+(``benchmarks/bench_compiled.py``; README, "Inside torch.compile"), and
+Inductor's gathers and scatters would not keep our contract: negative
+indices wrap, an out-of-range index is not our IndexError naming the row (on
+CUDA it is a device assert), and sums follow the order of atomic adds.
 """
 import contextlib
 import importlib.abc
@@ -59,7 +61,7 @@ def set_opaque(enabled):
     code until Dynamo recompiles it (``torch.compiler.reset()`` forgets every
     compiled graph). Inductor's on-disk caches see it through
     ``torch.compiler.config.cache_key_tag``, to which it adds
-    ``"torch_masked.opaque"`` while on, so a graph compiled one way is never
+    ``"|torch_masked.opaque"`` while on, so a graph compiled one way is never
     served from the cache for the other."""
     global _opaque
     _opaque = bool(enabled)
@@ -81,7 +83,6 @@ def opaque(enabled=True):
         yield
     finally:
         set_opaque(before)
-
 
 
 def _number_fits(number, dtype):
