@@ -225,6 +225,51 @@ def test_export_keeps_masked_ops():
         torch.library.opcheck(op, args)
 
 
+def test_onnx_export_translates_masked_ops():
+    # The exporter goes through torch.export: our translation of
+    # masked::where.self is called only if the op reaches it undecomposed.
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    from onnxscript import opset18 as onnx_op
+
+    translated = []
+
+    def where_self(condition, x, y):
+        translated.append("masked::where.self")
+        return onnx_op.Where(condition, x, y)
+
+    class Chain(torch.nn.Module):
+        def forward(self, c, x, y):
+            return torch_masked.where(c, x * 2, y) + 1
+
+    c, x, y = torch.rand(3, 4, generator=gen(15)) < 0.5, torch.randn(3, 4, generator=gen(16)), torch.randn(3, 4)
+    torch.compile(lambda c, x: torch_masked.where(c, x, x), fullgraph=True)(c, x)  # Inductor loaded, its table filled
+    program = torch.onnx.export(
+        Chain(), (c, x, y), dynamo=True, custom_translation_table={torch.ops.masked.where.self: where_self}
+    )
+    assert translated == ["masked::where.self"]
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    (result,) = session.run(None, {i.name: v.numpy() for i, v in zip(session.get_inputs(), (c, x, y))})
+    exact(torch.from_numpy(result), torch.where(c, x * 2, y) + 1)
+
+
+def test_index_ops_stay_our_kernels():
+    def chain(x, indices, mask):
+        gathered = torch_masked.gather_nd(x, indices) * 2
+        scattered = torch_masked.scatter_nd(indices, gathered, [8]) + torch_masked.tensor_scatter_nd_add(x, indices, gathered)
+        return scattered, torch_masked.boolean_mask(x + 1, mask), torch_masked.nonzero(mask)
+
+    x, indices, mask = torch.randn(8, generator=gen(17)), torch.tensor([[3], [0], [3]]), torch.rand(8, generator=gen(18)) < 0.5
+    (scattered, masked, positions), code = run_and_get_code(torch.compile(chain, fullgraph=True), x, indices, mask)
+    code = "\n".join(code)
+    for op in ("gather_nd", "scatter_nd", "tensor_scatter_nd_add", "boolean_mask", "nonzero"):
+        assert f"torch.ops.masked.{op}.default(" in code
+    updates = x[indices[:, 0]] * 2
+    exact(scattered, torch.zeros(8).index_put_((indices[:, 0],), updates, accumulate=True) + x.index_put((indices[:, 0],), updates, accumulate=True))
+    exact(masked, (x + 1)[mask])
+    exact(positions, torch.nonzero(mask))
+
+
 def test_import_does_not_load_inductor_and_registers_when_it_loads():
     script = (
         "import sys, torch, torch_masked\n"
