@@ -10,6 +10,12 @@ import torch_masked
 from harness import Case
 
 ROWS_OF = 256  # elements per row in the select chain
+WHERE_NUMBER = "(where(x>0, x, 0.0)*y).sum()"
+SELECT = f"(select(rows, x*2, y)+1).sum(), rows of {ROWS_OF}"
+SCATTER = "scatter_nd(idx, x[:n/10]*2, [n])+1"
+MASK = "(boolean_mask(x*2, m)+1).sum()"
+# The chains of a quick run.
+QUICK = {WHERE_NUMBER, SELECT, SCATTER, MASK}
 
 
 def _compiled(fn):
@@ -100,7 +106,15 @@ def _native_nonzero(x):
 
 
 def cases(device, quick):
-    sizes = [10**4] if quick else [10**6, 10**7]
+    """Quick: 1e4 elements, and only a few chains (each costs two compiles):
+    a fused one and opaque ones, one of them of a size known at run time."""
+    for chain in _chains(device, [10**4] if quick else [10**6, 10**7]):
+        if not quick or chain[1] in QUICK:
+            yield _case(*chain)
+
+
+def _chains(device, sizes):
+    """The arguments of _case for every chain (compiled only once made a case)."""
     for n in sizes:
         gen = torch.Generator().manual_seed(n)
         c = (torch.rand(n, generator=gen) < 0.5).to(device)
@@ -109,20 +123,18 @@ def cases(device, quick):
         # Indices of a tenth of the elements, drawn with repeats.
         indices = torch.randint(n, (n // 10, 1), generator=gen).to(device)
         rows = n // ROWS_OF
-        yield _case("where", "(where(c, x*2, y+1)*3).sum()", n, _where_same_shape, _native_where_same_shape,
-                    "torch.where", (c, x, y))
-        yield _case("where", "(where(x>0, x, 0.0)*y).sum()", n, _where_number, _native_where_number,
-                    "torch.where", (x, y))
-        yield _case("select", f"(select(rows, x*2, y)+1).sum(), rows of {ROWS_OF}", n, _select_rows,
-                    _native_select_rows, "torch.where(rows[:, None], ...)",
-                    (c[:rows], x[: rows * ROWS_OF].view(rows, ROWS_OF), y[: rows * ROWS_OF].view(rows, ROWS_OF)))
-        yield _case("gather_nd", "(gather_nd(x, idx)*2+1).sum(), n/10 indices", n, _gather_nd, _native_gather_nd,
-                    "x[idx[:, 0]]", (x, indices))
-        yield _case("scatter_nd", "scatter_nd(idx, x[:n/10]*2, [n])+1", n, _scatter_nd, _native_scatter_nd,
-                    "zeros.index_put_(accumulate=True)", (indices, x[: n // 10], n))
-        yield _case("tensor_scatter_nd_add", "tensor_scatter_nd_add(t*2, idx, u)+1, n/10 updates", n,
-                    _tensor_scatter_nd_add, _native_tensor_scatter_nd_add, "index_put(accumulate=True)",
-                    (x, indices, y[: n // 10]))
-        yield _case("boolean_mask", "(boolean_mask(x*2, m)+1).sum()", n, _boolean_mask, _native_boolean_mask,
-                    "(x*2)[m]", (x, c))
-        yield _case("nonzero", "(nonzero(x>0)+1).sum()", n, _nonzero, _native_nonzero, "torch.nonzero", (x,))
+        x_rows, y_rows = x[: rows * ROWS_OF].view(rows, ROWS_OF), y[: rows * ROWS_OF].view(rows, ROWS_OF)
+        yield ("where", "(where(c, x*2, y+1)*3).sum()", n, _where_same_shape, _native_where_same_shape,
+               "torch.where", (c, x, y))
+        yield ("where", WHERE_NUMBER, n, _where_number, _native_where_number, "torch.where", (x, y))
+        yield ("select", SELECT, n, _select_rows, _native_select_rows, "torch.where(rows[:, None], ...)",
+               (c[:rows], x_rows, y_rows))
+        yield ("gather_nd", "(gather_nd(x, idx)*2+1).sum(), n/10 indices", n, _gather_nd, _native_gather_nd,
+               "x[idx[:, 0]]", (x, indices))
+        yield ("scatter_nd", SCATTER, n, _scatter_nd, _native_scatter_nd, "zeros.index_put_(accumulate=True)",
+               (indices, x[: n // 10], n))
+        yield ("tensor_scatter_nd_add", "tensor_scatter_nd_add(t*2, idx, u)+1, n/10 updates", n,
+               _tensor_scatter_nd_add, _native_tensor_scatter_nd_add, "index_put(accumulate=True)",
+               (x, indices, y[: n // 10]))
+        yield ("boolean_mask", MASK, n, _boolean_mask, _native_boolean_mask, "(x*2)[m]", (x, c))
+        yield ("nonzero", "(nonzero(x>0)+1).sum()", n, _nonzero, _native_nonzero, "torch.nonzero", (x,))

@@ -36,9 +36,11 @@ def exact(actual, expected):
 
 def every_pair(condition, tensors, numbers):
     """where.self for every ordered pair of tensors (condition [r, c], the
-    first of a pair [r, c], the second [c], so both broadcast), and
-    where.ScalarOther / ScalarSelf for every tensor and number."""
+    first of a pair [r, c], the second [c], so both broadcast) and of each
+    tensor with the first two as 0-d tensors (which promote as numbers do),
+    and where.ScalarOther / ScalarSelf for every tensor and number."""
     results = [torch_masked.where(condition, x, y[0]) for x in tensors for y in tensors]
+    results += [torch_masked.where(condition, x, y[0, 0]) for x in tensors for y in tensors[:2]]
     for x in tensors:
         for number in numbers:
             results.append(torch_masked.where(condition, x, number))
@@ -48,6 +50,7 @@ def every_pair(condition, tensors, numbers):
 
 def references(condition, tensors, numbers):
     results = [torch.where(condition, x, y[0]) for x in tensors for y in tensors]
+    results += [torch.where(condition, x, y[0, 0]) for x in tensors for y in tensors[:2]]
     for x in tensors:
         for number in numbers:
             results += [torch.where(condition, x, number), torch.where(condition, number, x)]
@@ -61,10 +64,14 @@ def pair_inputs(rows, cols, dtypes, seed):
 
 
 # Static shapes: every pair; dynamic shapes (whose handling does not depend on
-# the dtype): a few, for a graph that compiles in less time.
+# the dtype): a few, for a graph that compiles in less time. The first two
+# dtypes, float64 and int16, also come as 0-d tensors.
 @pytest.mark.parametrize(
     "dynamic, dtypes",
-    [(False, FUSED + DECLINED), (True, [torch.bool, torch.int64, torch.float16, torch.float32, torch.complex64])],
+    [
+        (False, [torch.float64, torch.int16] + [t for t in FUSED + DECLINED if t not in (torch.float64, torch.int16)]),
+        (True, [torch.float64, torch.int16, torch.bool, torch.float16, torch.complex64]),
+    ],
     ids=["static", "dynamic"],
 )
 def test_every_overload_and_dtype_pair_matches_eager(dynamic, dtypes):
