@@ -4,7 +4,9 @@ and dtype pair, fused (no call of our op in the generated code) or declined;
 compiled backward; torch.export keeping masked:: ops; the opaque switch.
 
 Compiles cost seconds here, so each test compiles one graph holding many
-cases."""
+cases. What is tested is Inductor's code on the CPU, not our kernels, so the
+tests are marked cpu_kernel: the CUDA kernels' emulated run leaves them out;
+on a GPU, the fused chains and the backward are tested on CUDA too."""
 import re
 import subprocess
 import sys
@@ -15,13 +17,15 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 import torch_masked
-from tests.common import COMPLEX_DTYPES, FLOAT_DTYPES, INTEGER_DTYPES, make_tensor, non_contiguous
+from tests.common import COMPLEX_DTYPES, DEVICES, FLOAT_DTYPES, INTEGER_DTYPES, make_tensor, non_contiguous
 
 # The dtypes Inductor generates where for, and those it does not (declined,
 # so our kernel runs inside the compiled graph).
 FUSED = [torch.bool] + INTEGER_DTYPES + FLOAT_DTYPES
 DECLINED = COMPLEX_DTYPES
 NUMBERS = [True, 7, -2.5, 1.5j]
+
+pytestmark = pytest.mark.cpu_kernel
 
 OUR_CALL = re.compile(r"torch\.ops\.masked\.(where|select)\b")
 
@@ -90,7 +94,8 @@ def test_every_overload_and_dtype_pair_matches_eager(dynamic, dtypes):
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_fused_where_and_select_leave_no_call_of_ours():
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_where_and_select_leave_no_call_of_ours(device):
     def chain(c, rows, x, y):
         same = torch_masked.where(c, x * 2, y + 1)  # where.self
         number = torch_masked.where(x > 0, x, 0.0) + torch_masked.where(x < 1, 3, y)  # ScalarOther, ScalarSelf
@@ -98,9 +103,9 @@ def test_fused_where_and_select_leave_no_call_of_ours():
         scalar = torch_masked.select(c[0, 0], x, y.double())  # a 0-d condition, promoted
         return picked * 3, scalar
 
-    c = make_tensor((6, 5), torch.bool, "cpu", generator=gen(1))
-    rows = make_tensor((6,), torch.bool, "cpu", generator=gen(2))
-    x, y = torch.randn(6, 5, generator=gen(3)), torch.randn(6, 5, generator=gen(4))
+    c = make_tensor((6, 5), torch.bool, device, generator=gen(1))
+    rows = make_tensor((6,), torch.bool, device, generator=gen(2))
+    x, y = torch.randn(6, 5, generator=gen(3)).to(device), torch.randn(6, 5, generator=gen(4)).to(device)
     result, code = run_and_get_code(torch.compile(chain, fullgraph=True), c, rows, x, y)
     assert not OUR_CALL.search("\n".join(code))
     same = torch.where(c, x * 2, y + 1)
@@ -148,21 +153,22 @@ def training_loss(rows, c, w, b, x):
     return (torch_masked.where(hidden > 0, hidden, 0.1 * hidden) * torch_masked.where(rows[:, None], 1.0, 0.5)).sum()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_compiled_backward_matches_eager_and_is_fused(dynamic):
+def test_compiled_backward_matches_eager_and_is_fused(device, dynamic):
     # The backward formulas call where.ScalarOther / ScalarSelf against 0,
     # sum_to_size and casts: they fuse too.
     counters.clear()
     torch._dynamo.reset()
     compiled = torch.compile(training_loss, fullgraph=True, dynamic=dynamic)
     for batch in (6, 9) if dynamic else (6,):
-        rows = make_tensor((batch,), torch.bool, "cpu", generator=gen(batch))
-        c = make_tensor((batch, 1), torch.bool, "cpu", generator=gen(batch + 1))
-        x = torch.randn(batch, 5, generator=gen(batch + 2))
+        rows = make_tensor((batch,), torch.bool, device, generator=gen(batch))
+        c = make_tensor((batch, 1), torch.bool, device, generator=gen(batch + 1))
+        x = torch.randn(batch, 5, generator=gen(batch + 2)).to(device)
         grads = []
         for fn in (training_loss, compiled):
-            w = torch.randn(5, generator=gen(7)).requires_grad_()
-            b = torch.randn(5, generator=gen(8)).requires_grad_()
+            w = torch.randn(5, generator=gen(7)).to(device).requires_grad_()
+            b = torch.randn(5, generator=gen(8)).to(device).requires_grad_()
 
             def step():
                 loss = fn(rows, c, w, b, x)
