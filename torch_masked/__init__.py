@@ -22,7 +22,8 @@ from .ops.boolean_mask import boolean_mask
 from .ops.nonzero import nonzero, nonzero_static
 from .ops.scatter_nd import gather_nd, scatter_nd, tensor_scatter_nd_add
 from .ops.where import select, where
-from . import compile  # noqa: E402  -- Inductor decompositions, registered when Inductor loads
+# Not in __all__: a star import would shadow the builtin compile.
+from . import compile  # noqa: F401  -- Inductor decompositions (registered when Inductor loads), the opaque switch
 
 __all__ = [
     "boolean_mask",
