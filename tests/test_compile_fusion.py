@@ -284,11 +284,17 @@ def test_index_ops_stay_our_kernels():
 
 
 def test_import_does_not_load_inductor_and_registers_when_it_loads():
-    script = (
-        "import sys, torch, torch_masked\n"
-        "assert 'torch._inductor' not in sys.modules\n"
-        "import torch._inductor.lowering\n"
+    registered = (
         "from torch._inductor.decomposition import select_decomp_table\n"
         "assert set(torch_masked.compile.DECOMPOSITIONS) <= set(select_decomp_table())\n"
     )
-    subprocess.run([sys.executable, "-c", script], check=True)
+    imported_first = "import sys, torch, torch_masked\nassert 'torch._inductor' not in sys.modules\nimport torch._inductor.lowering\n"
+    # Inductor loaded (and its table's copy cached) before torch_masked.
+    inductor_first = (
+        "import torch, torch._inductor.lowering\n"
+        "from torch._inductor.decomposition import select_decomp_table\n"
+        "select_decomp_table()\n"
+        "import torch_masked\n"
+    )
+    for script in (imported_first, inductor_first):
+        subprocess.run([sys.executable, "-c", script + registered], check=True)
