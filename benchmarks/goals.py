@@ -75,6 +75,8 @@ def cuda_goals(rows):
         if base in atomic_time:
             times = row["ours_s"] / atomic_time[base]
             goals.append((f"deterministic / atomic, {base}", f"{times:.2f}x", "<= 2.00x", times <= 2.0))
+    goals.append(ratio_goal("compiled chains vs the native chains compiled, every row",
+                            [r for r in rows if r["op"] == "compiled"], 1.0))
     goals.append(ratio_goal("nonzero vs torch.nonzero (for reference)",
                             [r for r in rows if r["op"].startswith("nonzero")]))
     return goals

@@ -23,7 +23,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import torch_masked  # noqa: E402,F401
 from harness import print_table, run_case  # noqa: E402
 
-OPS = ["nonzero", "where", "boolean_mask", "scatter_nd", "overhead"]
+OPS = ["nonzero", "where", "boolean_mask", "scatter_nd", "compiled", "overhead"]
 
 
 def main():

@@ -23,6 +23,8 @@ from .ops.nonzero import nonzero, nonzero_static
 from .ops.scatter_nd import gather_nd, scatter_nd, tensor_scatter_nd_add
 from .ops.where import select, where
 from . import transforms  # noqa: F401,E402  -- the ops under torch.func
+# Not in __all__: a star import would shadow the builtin compile.
+from . import compile  # noqa: F401  -- Inductor decompositions (registered when Inductor loads), the opaque switch
 from .sharding import register_when_dtensor_loads
 
 register_when_dtensor_loads()

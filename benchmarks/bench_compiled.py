@@ -1,0 +1,140 @@
+"""Every op inside a compiled chain of pointwise work: the chain with our op
+against the same chain with the native equivalent, both
+``torch.compile(fullgraph=True)`` with Inductor, in the same process. Inductor
+fuses ``where`` and ``select`` itself (torch_masked/compile.py); the other
+ops stay our kernels there, and these rows are the measurement that decides
+it."""
+import torch
+
+import torch_masked
+from harness import Case
+
+ROWS_OF = 256  # elements per row in the select chain
+WHERE_NUMBER = "(where(x>0, x, 0.0)*y).sum()"
+SELECT = f"(select(rows, x*2, y)+1).sum(), rows of {ROWS_OF}"
+SCATTER = "scatter_nd(idx, x[:n/10]*2, [n])+1"
+MASK = "(boolean_mask(x*2, m)+1).sum()"
+# The chains of a quick run.
+QUICK = {WHERE_NUMBER, SELECT, SCATTER, MASK}
+
+
+def _compiled(fn):
+    # dynamic=False: each size gets its own static-shape graph, on both sides,
+    # rather than a dynamic one after the second size.
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+def _case(op, name, n, ours, native, native_name, args):
+    ours, native = _compiled(ours), _compiled(native)
+    # Compiled here, before the timing; the native boolean mask and nonzero
+    # make sizes known only at run time, which Dynamo captures when asked.
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        ours(*args), native(*args)
+    return Case(
+        "compiled",
+        f"{op}: {name} {n:.0e}",
+        lambda: ours(*args),
+        lambda: native(*args),
+        native_name,
+        size=n,
+        series=op,
+    )
+
+
+def _where_same_shape(c, x, y):
+    return (torch_masked.where(c, x * 2, y + 1) * 3).sum()
+
+
+def _native_where_same_shape(c, x, y):
+    return (torch.where(c, x * 2, y + 1) * 3).sum()
+
+
+def _where_number(x, y):
+    return (torch_masked.where(x > 0, x, 0.0) * y).sum()
+
+
+def _native_where_number(x, y):
+    return (torch.where(x > 0, x, 0.0) * y).sum()
+
+
+def _select_rows(rows, x, y):
+    return (torch_masked.select(rows, x * 2, y) + 1).sum()
+
+
+def _native_select_rows(rows, x, y):
+    return (torch.where(rows[:, None], x * 2, y) + 1).sum()
+
+
+def _gather_nd(x, indices):
+    return (torch_masked.gather_nd(x, indices) * 2 + 1).sum()
+
+
+def _native_gather_nd(x, indices):
+    return (x[indices[:, 0]] * 2 + 1).sum()
+
+
+def _scatter_nd(indices, x, n):
+    return torch_masked.scatter_nd(indices, x * 2, [n]) + 1
+
+
+def _native_scatter_nd(indices, x, n):
+    return x.new_zeros(n).index_put_((indices[:, 0],), x * 2, accumulate=True) + 1
+
+
+def _tensor_scatter_nd_add(t, indices, updates):
+    return torch_masked.tensor_scatter_nd_add(t * 2, indices, updates) + 1
+
+
+def _native_tensor_scatter_nd_add(t, indices, updates):
+    return (t * 2).index_put((indices[:, 0],), updates, accumulate=True) + 1
+
+
+def _boolean_mask(x, mask):
+    return (torch_masked.boolean_mask(x * 2, mask) + 1).sum()
+
+
+def _native_boolean_mask(x, mask):
+    return ((x * 2)[mask] + 1).sum()
+
+
+def _nonzero(x):
+    return (torch_masked.nonzero(x > 0) + 1).sum()
+
+
+def _native_nonzero(x):
+    return (torch.nonzero(x > 0) + 1).sum()
+
+
+def cases(device, quick):
+    """Quick: 1e4 elements, and only a few chains (each costs two compiles):
+    a fused one and opaque ones, one of them of a size known at run time."""
+    for chain in _chains(device, [10**4] if quick else [10**6, 10**7]):
+        if not quick or chain[1] in QUICK:
+            yield _case(*chain)
+
+
+def _chains(device, sizes):
+    """The arguments of _case for every chain (compiled only once made a case)."""
+    for n in sizes:
+        gen = torch.Generator().manual_seed(n)
+        c = (torch.rand(n, generator=gen) < 0.5).to(device)
+        x = torch.randn(n, generator=gen).to(device)
+        y = torch.randn(n, generator=gen).to(device)
+        # Indices of a tenth of the elements, drawn with repeats.
+        indices = torch.randint(n, (n // 10, 1), generator=gen).to(device)
+        rows = n // ROWS_OF
+        x_rows, y_rows = x[: rows * ROWS_OF].view(rows, ROWS_OF), y[: rows * ROWS_OF].view(rows, ROWS_OF)
+        yield ("where", "(where(c, x*2, y+1)*3).sum()", n, _where_same_shape, _native_where_same_shape,
+               "torch.where", (c, x, y))
+        yield ("where", WHERE_NUMBER, n, _where_number, _native_where_number, "torch.where", (x, y))
+        yield ("select", SELECT, n, _select_rows, _native_select_rows, "torch.where(rows[:, None], ...)",
+               (c[:rows], x_rows, y_rows))
+        yield ("gather_nd", "(gather_nd(x, idx)*2+1).sum(), n/10 indices", n, _gather_nd, _native_gather_nd,
+               "x[idx[:, 0]]", (x, indices))
+        yield ("scatter_nd", SCATTER, n, _scatter_nd, _native_scatter_nd, "zeros.index_put_(accumulate=True)",
+               (indices, x[: n // 10], n))
+        yield ("tensor_scatter_nd_add", "tensor_scatter_nd_add(t*2, idx, u)+1, n/10 updates", n,
+               _tensor_scatter_nd_add, _native_tensor_scatter_nd_add, "index_put(accumulate=True)",
+               (x, indices, y[: n // 10]))
+        yield ("boolean_mask", MASK, n, _boolean_mask, _native_boolean_mask, "(x*2)[m]", (x, c))
+        yield ("nonzero", "(nonzero(x>0)+1).sum()", n, _nonzero, _native_nonzero, "torch.nonzero", (x,))

@@ -1,0 +1,300 @@
+"""where and select inside graphs compiled by Inductor (torch_masked/compile.py):
+values against eager torch.where and our eager kernels for every overload
+and dtype pair, fused (no call of our op in the generated code) or declined;
+compiled backward; torch.export keeping masked:: ops; the opaque switch.
+
+Compiles cost seconds here, so each test compiles one graph holding many
+cases. What is tested is Inductor's code on the CPU, not our kernels, so the
+tests are marked cpu_kernel: the CUDA kernels' emulated run leaves them out;
+on a GPU, the fused chains and the backward are tested on CUDA too."""
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
+
+import torch_masked
+from tests.common import COMPLEX_DTYPES, DEVICES, FLOAT_DTYPES, INTEGER_DTYPES, make_tensor, non_contiguous
+
+# The dtypes Inductor generates where for, and those it does not (declined,
+# so our kernel runs inside the compiled graph).
+FUSED = [torch.bool] + INTEGER_DTYPES + FLOAT_DTYPES
+DECLINED = COMPLEX_DTYPES
+NUMBERS = [True, 7, -2.5, 1.5j]
+
+pytestmark = pytest.mark.cpu_kernel
+
+OUR_CALL = re.compile(r"torch\.ops\.masked\.(where|select)\b")
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def exact(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def every_pair(condition, tensors, numbers):
+    """where.self for every ordered pair of tensors (condition [r, c], the
+    first of a pair [r, c], the second [c], so both broadcast) and of each
+    tensor with the first two as 0-d tensors (which promote as numbers do),
+    and where.ScalarOther / ScalarSelf for every tensor and number."""
+    results = [torch_masked.where(condition, x, y[0]) for x in tensors for y in tensors]
+    results += [torch_masked.where(condition, x, y[0, 0]) for x in tensors for y in tensors[:2]]
+    for x in tensors:
+        for number in numbers:
+            results.append(torch_masked.where(condition, x, number))
+            results.append(torch_masked.where(condition, number, x))
+    return results
+
+
+def references(condition, tensors, numbers):
+    results = [torch.where(condition, x, y[0]) for x in tensors for y in tensors]
+    results += [torch.where(condition, x, y[0, 0]) for x in tensors for y in tensors[:2]]
+    for x in tensors:
+        for number in numbers:
+            results += [torch.where(condition, x, number), torch.where(condition, number, x)]
+    return results
+
+
+def pair_inputs(rows, cols, dtypes, seed):
+    condition = make_tensor((rows, cols), torch.bool, "cpu", generator=gen(seed))
+    tensors = [make_tensor((rows, cols), dtype, "cpu", generator=gen(seed + k)) for k, dtype in enumerate(dtypes)]
+    return condition, tensors
+
+
+# Static shapes: every pair; dynamic shapes (whose handling does not depend on
+# the dtype): a few, for a graph that compiles in less time. The first two
+# dtypes, float64 and int16, also come as 0-d tensors.
+@pytest.mark.parametrize(
+    "dynamic, dtypes",
+    [
+        (False, [torch.float64, torch.int16] + [t for t in FUSED + DECLINED if t not in (torch.float64, torch.int16)]),
+        (True, [torch.float64, torch.int16, torch.bool, torch.float16, torch.complex64]),
+    ],
+    ids=["static", "dynamic"],
+)
+def test_every_overload_and_dtype_pair_matches_eager(dynamic, dtypes):
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(every_pair, fullgraph=True, dynamic=dynamic)
+    # Static: one shape; dynamic: a second shape reuses the graph.
+    for rows, cols in [(3, 5)] + ([(6, 2)] if dynamic else []):
+        condition, tensors = pair_inputs(rows, cols, dtypes, seed=rows)
+        results = compiled(condition, tensors, NUMBERS)
+        eager = every_pair(condition, tensors, NUMBERS)
+        for result, ours, reference in zip(results, eager, references(condition, tensors, NUMBERS), strict=True):
+            exact(result, reference)
+            exact(result, ours)
+            assert result.is_contiguous()
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_where_and_select_leave_no_call_of_ours(device):
+    def chain(c, rows, x, y):
+        same = torch_masked.where(c, x * 2, y + 1)  # where.self
+        number = torch_masked.where(x > 0, x, 0.0) + torch_masked.where(x < 1, 3, y)  # ScalarOther, ScalarSelf
+        picked = torch_masked.select(rows, same, number) + torch_masked.select(c, x, y)  # rows, same shape
+        scalar = torch_masked.select(c[0, 0], x, y.double())  # a 0-d condition, promoted
+        return picked * 3, scalar
+
+    c = make_tensor((6, 5), torch.bool, device, generator=gen(1))
+    rows = make_tensor((6,), torch.bool, device, generator=gen(2))
+    x, y = torch.randn(6, 5, generator=gen(3)).to(device), torch.randn(6, 5, generator=gen(4)).to(device)
+    result, code = run_and_get_code(torch.compile(chain, fullgraph=True), c, rows, x, y)
+    assert not OUR_CALL.search("\n".join(code))
+    same = torch.where(c, x * 2, y + 1)
+    number = torch.where(x > 0, x, 0.0) + torch.where(x < 1, 3.0, y)
+    expected = (torch.where(rows[:, None], same, number) + torch.where(c, x, y)) * 3
+    exact(result[0], expected)
+    exact(result[1], torch.where(c[0, 0], x.double(), y.double()))
+
+
+def test_select_rows_scalar_and_same_shape_every_rank():
+    def selections(conditions, x, y):
+        return [torch_masked.select(c, x, y) for c in conditions]
+
+    for shape in [(4,), (4, 3), (4, 3, 2)]:
+        x = make_tensor(shape, torch.int32, "cpu", generator=gen(5))
+        y = make_tensor(shape, torch.float16, "cpu", generator=gen(6))
+        conditions = [
+            make_tensor((), torch.bool, "cpu", generator=gen(7)),
+            make_tensor(shape, torch.bool, "cpu", generator=gen(8)),
+            make_tensor((4,), torch.bool, "cpu", generator=gen(9)),
+        ]
+        results, code = run_and_get_code(torch.compile(selections, fullgraph=True), conditions, x, y)
+        assert not OUR_CALL.search("\n".join(code))
+        for c, result, ours in zip(conditions, results, selections(conditions, x, y), strict=True):
+            expected = torch.where(c.reshape([-1] + [1] * (len(shape) - 1)) if c.dim() == 1 else c, x, y)
+            exact(result, expected)
+            exact(result, ours)
+
+
+def test_non_contiguous_operands_give_a_contiguous_result():
+    c = make_tensor((5, 4), torch.bool, "cpu", generator=gen(10))
+    x = make_tensor((4, 5), torch.float32, "cpu", generator=gen(11)).t()
+    y = non_contiguous(make_tensor((5, 4), torch.float64, "cpu", generator=gen(12)))
+    fn = torch.compile(lambda c, x, y: (torch_masked.where(c, x, y), torch_masked.select(c.t(), x.t(), y.t())), fullgraph=True)
+    where, select = fn(c, x, y)
+    exact(where, torch.where(c, x, y))
+    exact(select, torch.where(c.t(), x.t(), y.t()))
+    assert where.is_contiguous() and select.is_contiguous()
+
+
+def training_loss(rows, c, w, b, x):
+    hidden = torch_masked.where(c, x * w, b.double())  # b [features] broadcast; float32 w meets float64
+    hidden = torch_masked.select(rows, hidden, torch.tanh(hidden))
+    hidden = torch_masked.where(hidden > -1, hidden, -1.0)  # where.ScalarOther
+    return (torch_masked.where(hidden > 0, hidden, 0.1 * hidden) * torch_masked.where(rows[:, None], 1.0, 0.5)).sum()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_backward_matches_eager_and_is_fused(device, dynamic):
+    # The backward formulas call where.ScalarOther / ScalarSelf against 0,
+    # sum_to_size and casts: they fuse too.
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(training_loss, fullgraph=True, dynamic=dynamic)
+    for batch in (6, 9) if dynamic else (6,):
+        rows = make_tensor((batch,), torch.bool, device, generator=gen(batch))
+        c = make_tensor((batch, 1), torch.bool, device, generator=gen(batch + 1))
+        x = torch.randn(batch, 5, generator=gen(batch + 2)).to(device)
+        grads = []
+        for fn in (training_loss, compiled):
+            w = torch.randn(5, generator=gen(7)).to(device).requires_grad_()
+            b = torch.randn(5, generator=gen(8)).to(device).requires_grad_()
+
+            def step():
+                loss = fn(rows, c, w, b, x)
+                return (loss.detach(), *torch.autograd.grad(loss, (w, b)))
+
+            if fn is compiled and batch == 6:  # run_and_get_code starts from a Dynamo reset
+                values, code = run_and_get_code(step)
+                assert len(code) == 2 and not OUR_CALL.search("\n".join(code))  # forward and backward
+            else:
+                values = step()
+            grads.append(values)
+        for eager, compiled_value in zip(*grads, strict=True):
+            torch.testing.assert_close(compiled_value, eager)
+        assert grads[1][1].dtype == torch.float32 and grads[1][2].dtype == torch.float32
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_declined_cases_run_our_kernel_and_raise_as_eager():
+    # A number that does not fit the dtype: our kernel raises, as eager does;
+    # a complex result is not fused.
+    fn = torch.compile(lambda c, x: torch_masked.where(c, x, 1000), fullgraph=True)
+    c = torch.tensor([True, False])
+    with pytest.raises(RuntimeError) as eager:
+        torch_masked.where(c, torch.ones(2, dtype=torch.int8), 1000)
+    with pytest.raises(RuntimeError) as compiled:
+        fn(c, torch.ones(2, dtype=torch.int8))
+    assert str(eager.value) in str(compiled.value)
+    x = torch.randn(2, dtype=torch.complex64)
+    result, code = run_and_get_code(torch.compile(lambda c, x: torch_masked.where(c, x, 2.0) * 2, fullgraph=True), c, x)
+    assert "torch.ops.masked.where.ScalarOther" in "\n".join(code)
+    exact(result, torch.where(c, x, 2.0) * 2)
+
+
+def test_opaque_switch_keeps_our_kernels():
+    def chain(c, x, y):
+        return torch_masked.where(c, x * 2, y) + torch_masked.select(c, x, -y) + torch_masked.where(c, 1.0, y)
+
+    c, x, y = make_tensor((7,), torch.bool, "cpu", generator=gen(13)), torch.randn(7, generator=gen(14)), torch.randn(7)
+    tag = torch.compiler.config.cache_key_tag
+    with torch_masked.compile.opaque():
+        assert torch_masked.compile.is_opaque() and torch.compiler.config.cache_key_tag != tag
+        result, code = run_and_get_code(torch.compile(chain, fullgraph=True), c, x, y)
+    assert not torch_masked.compile.is_opaque() and torch.compiler.config.cache_key_tag == tag
+    code = "\n".join(code)
+    for op in ("where.self", "select.default", "where.ScalarSelf"):
+        assert f"torch.ops.masked.{op}(" in code
+    exact(result, torch.where(c, x * 2, y) + torch.where(c, x, -y) + torch.where(c, 1.0, y))
+    # Off again: the next compile fuses.
+    fused, code = run_and_get_code(torch.compile(chain, fullgraph=True), c, x, y)
+    assert not OUR_CALL.search("\n".join(code))
+    exact(fused, result)
+
+
+def test_export_keeps_masked_ops():
+    class Chain(torch.nn.Module):
+        def forward(self, c, rows, x):
+            return torch_masked.select(rows, torch_masked.where(c, x, 0.0), torch_masked.where(c, x * 2, x)).sum()
+
+    c, rows, x = torch.rand(4, 3) < 0.5, torch.rand(4) < 0.5, torch.randn(4, 3)
+    torch.compile(lambda c, x: torch_masked.where(c, x, x), fullgraph=True)(c, x)  # Inductor loaded, its table filled
+    program = torch.export.export(Chain(), (c, rows, x))
+    expected = {"masked.where.ScalarOther", "masked.where.self", "masked.select.default"}
+    for graph in (program.graph, program.run_decompositions().graph):
+        assert expected <= {str(node.target) for node in graph.nodes if node.op == "call_function"}
+    exact(program.module()(c, rows, x), Chain()(c, rows, x))
+    for op, args in [(torch.ops.masked.where.self, (c, x, x.double())), (torch.ops.masked.select.default, (rows, x, x))]:
+        torch.library.opcheck(op, args)
+
+
+def test_onnx_export_translates_masked_ops():
+    # The exporter goes through torch.export: our translation of
+    # masked::where.self is called only if the op reaches it undecomposed.
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    from onnxscript import opset18 as onnx_op
+
+    translated = []
+
+    def where_self(condition, x, y):
+        translated.append("masked::where.self")
+        return onnx_op.Where(condition, x, y)
+
+    class Chain(torch.nn.Module):
+        def forward(self, c, x, y):
+            return torch_masked.where(c, x * 2, y) + 1
+
+    c, x, y = torch.rand(3, 4, generator=gen(15)) < 0.5, torch.randn(3, 4, generator=gen(16)), torch.randn(3, 4)
+    torch.compile(lambda c, x: torch_masked.where(c, x, x), fullgraph=True)(c, x)  # Inductor loaded, its table filled
+    program = torch.onnx.export(
+        Chain(), (c, x, y), dynamo=True, custom_translation_table={torch.ops.masked.where.self: where_self}
+    )
+    assert translated == ["masked::where.self"]
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    (result,) = session.run(None, {i.name: v.numpy() for i, v in zip(session.get_inputs(), (c, x, y))})
+    exact(torch.from_numpy(result), torch.where(c, x * 2, y) + 1)
+
+
+def test_index_ops_stay_our_kernels():
+    def chain(x, indices, mask):
+        gathered = torch_masked.gather_nd(x, indices) * 2
+        scattered = torch_masked.scatter_nd(indices, gathered, [8]) + torch_masked.tensor_scatter_nd_add(x, indices, gathered)
+        return scattered, torch_masked.boolean_mask(x + 1, mask), torch_masked.nonzero(mask)
+
+    x, indices, mask = torch.randn(8, generator=gen(17)), torch.tensor([[3], [0], [3]]), torch.rand(8, generator=gen(18)) < 0.5
+    (scattered, masked, positions), code = run_and_get_code(torch.compile(chain, fullgraph=True), x, indices, mask)
+    code = "\n".join(code)
+    for op in ("gather_nd", "scatter_nd", "tensor_scatter_nd_add", "boolean_mask", "nonzero"):
+        assert f"torch.ops.masked.{op}.default(" in code
+    updates = x[indices[:, 0]] * 2
+    exact(scattered, torch.zeros(8).index_put_((indices[:, 0],), updates, accumulate=True) + x.index_put((indices[:, 0],), updates, accumulate=True))
+    exact(masked, (x + 1)[mask])
+    exact(positions, torch.nonzero(mask))
+
+
+def test_import_does_not_load_inductor_and_registers_when_it_loads():
+    registered = (
+        "from torch._inductor.decomposition import select_decomp_table\n"
+        "assert set(torch_masked.compile.DECOMPOSITIONS) <= set(select_decomp_table())\n"
+    )
+    imported_first = "import sys, torch, torch_masked\nassert 'torch._inductor' not in sys.modules\nimport torch._inductor.lowering\n"
+    # Inductor loaded (and its table's copy cached) before torch_masked.
+    inductor_first = (
+        "import torch, torch._inductor.lowering\n"
+        "from torch._inductor.decomposition import select_decomp_table\n"
+        "select_decomp_table()\n"
+        "import torch_masked\n"
+    )
+    for script in (imported_first, inductor_first):
+        subprocess.run([sys.executable, "-c", script + registered], check=True)
