@@ -232,6 +232,14 @@ def plot_op(plt, op, rows, copy, device, path):
         left.barh(names, [row.ours_s / fastest_peer(row)[0] for row in rows])
         moved = [row for row in rows if row.case.bytes_moved]
         right.barh([row.case.name for row in moved], [row.case.bytes_moved / row.ours_s / 1e9 for row in moved])
+    ratios = [row.ours_s / fastest_peer(row)[0] for row in rows] + [1.0]
+    if max(ratios) / min(ratios) > 8:
+        # A wide range on a log scale: 0.25 and 4 lie as far from parity.
+        (left.set_yscale if sized else left.set_xscale)("log")
+        ratio_axis = left.yaxis if sized else left.xaxis
+        ratio_axis.set_major_locator(plt.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ratio_axis.set_major_formatter(plt.FormatStrFormatter("%g"))
+        ratio_axis.set_minor_formatter(plt.NullFormatter())
     ratio_line = left.axhline if sized else left.axvline
     ratio_line(1.0, color="black", linestyle="--", linewidth=1)
     (left.set_ylabel if sized else left.set_xlabel)(f"time: ours / fastest peer ({peers})\nbelow 1: ours is faster")
@@ -266,14 +274,17 @@ def load_pyplot():
 # -- the report ---------------------------------------------------------------
 
 
-def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, out_dir, title, seconds, command):
+def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, out_dir, title, seconds, command,
+                   load):
     copy_reused, copy_fresh = copies
     heading = "GPU" if device == "cuda" else "CPU"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         f"## {heading}: {machine(device)}",
         "",
-        f"{when}; torch {torch.__version__}, NumPy {np.__version__}; `{command}`, {seconds:.0f} s.",
+        f"{when}; torch {torch.__version__}, NumPy {np.__version__}; `{command}`, {seconds:.0f} s"
+        + (f"; load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (above the thread "
+           f"count, other processes shared the cores and the times are less sure)." if device == "cpu" else "."),
         f"Copy bandwidth (read + write, {copy_numel:.0e} float32, median): **{copy_reused / 1e9:.1f} GB/s** into a "
         f"reused output, {copy_fresh / 1e9:.1f} GB/s into a fresh one. Shares (`of copy`) and floors (the bytes a "
         f"perfect kernel moves at that speed) are read against the reused figure; every benchmark row allocates its "
@@ -327,9 +338,12 @@ def main():
     parser.add_argument("--out", default=DEFAULT_OUT, help="the report file (default benchmarks/RESULTS.md)")
     parser.add_argument("--plots", help="folder for the PNGs (default: plots/<device> beside --out)")
     parser.add_argument("--json", help="the rows, for goals.py (default: rows.json in the plots folder)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()
     out = os.path.abspath(args.out)
     plot_dir = os.path.abspath(args.plots or os.path.join(os.path.dirname(out), "plots", args.device))
     os.makedirs(plot_dir, exist_ok=True)
@@ -353,8 +367,10 @@ def main():
         command = "python benchmarks/report.py --device " + args.device + (" --quick" if args.quick else "")
         if args.ops != ",".join(OPS):
             command += f" --ops {args.ops}"
+        if args.threads:
+            command += f" --threads {args.threads}"
         section = device_section(args.device, rows, failures, copies, copy_numel, plots, plot_dir,
-                                 os.path.dirname(out), title, time.perf_counter() - start, command)
+                                 os.path.dirname(out), title, time.perf_counter() - start, command, load)
         text = merge(out, args.device, section)
         with open(out, "w") as f:
             f.write(text)
