@@ -9,6 +9,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <type_traits>
 #include <vector>
 
 #ifdef __SSE2__
@@ -92,10 +93,12 @@ template <typename T, bool kOneDim>
 int64_t write_run(const T* data, int64_t len, const int64_t* outer, int64_t last0,
                   NonzeroBits<T> nonzero, const IndexOutput& out, int64_t k, int64_t kend) {
   const int64_t dims = static_cast<int64_t>(out.columns.size());
+  int64_t* const first_column = out.columns[0];
+  const int64_t row_stride = out.row_stride;
   const auto write_row = [&](int64_t t) {
-    const int64_t row = k * out.row_stride;
+    const int64_t row = k * row_stride;
     if constexpr (kOneDim) {
-      out.columns[0][row] = last0 + t;
+      first_column[row] = last0 + t;
     } else {
       for (int64_t j = 0; j + 1 < dims; ++j) {
         out.columns[j][row] = outer[j];
@@ -103,13 +106,22 @@ int64_t write_run(const T* data, int64_t len, const int64_t* outer, int64_t last
       out.columns[dims - 1][row] = last0 + t;
     }
   };
+  // A dense block, branch-free; `bounded` (std::true_type) where rows up to
+  // kend may not hold the whole block, else no bound is tested per element.
+  const auto write_dense = [&](int64_t t, uint32_t mask, auto bounded) {
+    for (int u = 0; u < kBlock && (!decltype(bounded)::value || k < kend); ++u) {
+      write_row(t + u);
+      k += (mask >> u) & 1;
+    }
+  };
   int64_t t = 0;
   for (; t + kBlock <= len && k < kend; t += kBlock) {
     uint32_t mask = block_mask(data + t, nonzero);
     if (popcount64(mask) > kBlock / 4) {
-      for (int u = 0; u < kBlock && k < kend; ++u) {
-        write_row(t + u);
-        k += (mask >> u) & 1;
+      if (kend - k >= kBlock) {
+        write_dense(t, mask, std::false_type{});
+      } else {
+        write_dense(t, mask, std::true_type{});
       }
     } else {
       for (; mask != 0 && k < kend; mask &= mask - 1, ++k) {
