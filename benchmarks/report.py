@@ -283,12 +283,13 @@ def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, 
         f"## {heading}: {machine(device)}",
         "",
         f"{when}; torch {torch.__version__}, NumPy {np.__version__}; `{command}`, {seconds:.0f} s"
-        + (f"; load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (above the thread "
-           f"count, other processes shared the cores and the times are less sure)." if device == "cpu" else "."),
+        + (f"; load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+           + (" (above the thread count: other processes shared the cores, and the times are less sure)."
+              if max(load[0], os.getloadavg()[0]) > torch.get_num_threads() else ".") if device == "cpu" else "."),
         f"Copy bandwidth (read + write, {copy_numel:.0e} float32, median): **{copy_reused / 1e9:.1f} GB/s** into a "
         f"reused output, {copy_fresh / 1e9:.1f} GB/s into a fresh one. Shares (`of copy`) and floors (the bytes a "
-        f"perfect kernel moves at that speed) are read against the reused figure; every benchmark row allocates its "
-        f"outputs afresh.",
+        f"perfect kernel moves at that speed) are read against the reused figure (rows whose data fit in the caches "
+        f"can pass it); every benchmark row allocates its outputs afresh.",
         "",
         "Ratios below 1: ours is faster. `ours / fastest` is against the faster of the native PyTorch way and "
         "NumPy (bold where a peer is faster).",
