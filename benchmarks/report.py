@@ -298,7 +298,7 @@ def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, 
     if plots is None:
         parts += ["**No plots: matplotlib is not installed** (`pip install -e .[bench]`).", ""]
     if failures:
-        parts += ["**Failed:**", ""] + [f"- {op} {name or ''}: `{error}`" for op, name, error in failures] + [""]
+        parts += ["**Failed:**", ""] + [f"- {op}{' ' + name if name else ''}: `{error}`" for op, name, error in failures] + [""]
     groups = group_by_op(rows)
     if groups:
         parts += ["### Summary", "", summary_table(groups), ""]
@@ -365,6 +365,8 @@ def main():
     except SystemExit:
         failures.append(("report", None, "cut short (SIGTERM)"))
     finally:
+        # Writing what was measured is not cut short in turn.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         command = "python benchmarks/report.py --device " + args.device + (" --quick" if args.quick else "")
         if args.ops != ",".join(OPS):
             command += f" --ops {args.ops}"
