@@ -249,8 +249,11 @@ def plot_op(plt, op, rows, copy, device, path):
     (right.set_ylabel if sized else right.set_xlabel)("ours, GB/s (bytes a perfect kernel moves)")
     right.set_title(f"{op} on {device}: achieved bandwidth")
     if not any(row.case.bytes_moved for row in rows):
+        right.clear()
+        right.set_axis_off()
         right.text(0.5, 0.5, "these rows count no bytes", ha="center", transform=right.transAxes)
-    right.legend(loc="upper left", fontsize=8)
+    else:
+        right.legend(loc="upper left", fontsize=8)
     if sized:
         fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=min(4, len(series)), fontsize=8)
         fig.tight_layout(rect=(0, 0.035 * math.ceil(len(series) / 4) + 0.03, 1, 1))
