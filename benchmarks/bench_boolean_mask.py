@@ -18,7 +18,7 @@ def layouts(numel):
     ]
 
 
-def forward_cases(name, x, mask, axis, index, selected_bytes):
+def forward_cases(name, series, numel, x, mask, axis, index, selected_bytes):
     x_np, mask_np = x.cpu().numpy(), mask.cpu().numpy()
     yield Case(
         "boolean_mask",
@@ -28,10 +28,12 @@ def forward_cases(name, x, mask, axis, index, selected_bytes):
         "x[mask]" if axis == 0 else "x[:, mask]",
         numpy=(lambda: x_np[(slice(None),) * axis + (mask_np,)]) if x.device.type == "cpu" else None,
         bytes_moved=mask.numel() + 2 * selected_bytes,
+        size=numel,
+        series=series,
     )
 
 
-def training_cases(name, x, mask, axis, index, selected_bytes):
+def training_cases(name, series, numel, x, mask, axis, index, selected_bytes):
     leaf = x.clone().requires_grad_()
     grad = torch.ones_like(leaf[index])
 
@@ -61,6 +63,8 @@ def training_cases(name, x, mask, axis, index, selected_bytes):
         "autograd of x[mask]" if axis == 0 else "autograd of x[:, mask]",
         numpy=numpy,
         bytes_moved=2 * mask.numel() + 3 * selected_bytes + x.numel() * x.element_size(),
+        size=numel,
+        series=series,
     )
 
 
@@ -76,6 +80,6 @@ def cases(device, quick):
                 mask = (torch.rand(shape[axis], generator=generator) < density).to(device)
                 index = (slice(None),) * axis + (mask,)
                 selected_bytes = int(mask.sum()) * x.numel() // shape[axis] * x.element_size()
-                name = f"{layout} {numel:.0e} d={density}"
-                yield from forward_cases(name, x, mask, axis, index, selected_bytes)
-                yield from training_cases(name, x, mask, axis, index, selected_bytes)
+                name, series = f"{layout} {numel:.0e} d={density}", f"{layout} d={density}"
+                yield from forward_cases(name, series, numel, x, mask, axis, index, selected_bytes)
+                yield from training_cases(name, series, numel, x, mask, axis, index, selected_bytes)

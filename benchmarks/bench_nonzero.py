@@ -19,8 +19,10 @@ def make_input(n, dtype, density, device, shape=None):
     return x.reshape(shape or (n,)).to(device)
 
 
-def nonzero_case(name, x, device):
+def nonzero_case(name, series, x, device):
     x_np = x.cpu().numpy()
+    # The input read once, an int64 per coordinate written.
+    moved = x.nbytes + int(torch.count_nonzero(x)) * x.dim() * 8
     return Case(
         "nonzero",
         name,
@@ -28,6 +30,9 @@ def nonzero_case(name, x, device):
         lambda: torch.nonzero(x),
         "torch.nonzero",
         numpy=(lambda: np.argwhere(x_np)) if device == "cpu" else None,
+        bytes_moved=moved,
+        size=x.numel(),
+        series=series,
     )
 
 
@@ -36,11 +41,13 @@ def cases(device, quick):
         for dtype in [torch.bool, torch.float32]:
             for density in [0.01, 0.5, 0.99]:
                 x = make_input(n, dtype, density, device)
-                yield nonzero_case(f"{str(dtype)[6:]} n={n:.0e} density={density}", x, device)
+                series = f"{str(dtype)[6:]} density={density}"
+                yield nonzero_case(f"{str(dtype)[6:]} n={n:.0e} density={density}", series, x, device)
     n = sizes(device, quick)[-1]
     for density in [0.01, 0.5, 0.99]:
         x = make_input(n, torch.bool, density, device, shape=(n // 1000, 1000))
-        yield nonzero_case(f"bool [{n // 1000},1000] density={density}", x, device)
+        yield nonzero_case(f"bool [{n // 1000},1000] density={density}", f"bool [N/1000,1000] density={density}", x,
+                           device)
         size = int(n * density) // 2
         yield Case(
             "nonzero_static",
@@ -48,4 +55,7 @@ def cases(device, quick):
             lambda x=x, size=size: torch_masked.nonzero_static(x, size=size),
             lambda x=x, size=size: torch.nonzero_static(x, size=size),
             "torch.nonzero_static",
+            bytes_moved=x.nbytes + size * x.dim() * 8,
+            size=n,
+            series=f"bool [N/1000,1000] density={density} size=N*density/2",
         )

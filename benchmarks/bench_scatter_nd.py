@@ -38,6 +38,7 @@ def _scatter_cases(device, n, rows, width, dtype, gen):
     indices = idx.unsqueeze(1)
     kind = "element" if width == 1 else f"slice x{width}"
     name = f"scatter {kind} U={rows:.0e} N={n:.0e} {str(dtype)[6:]}"
+    series = f"scatter {kind} U={'N' if rows == n else f'N/{n // rows}'} {str(dtype)[6:]}"
     esize = upd.element_size()
     moved = rows * (8 + width * esize) + n * esize
 
@@ -54,14 +55,15 @@ def _scatter_cases(device, n, rows, width, dtype, gen):
             return out
 
     yield Case("scatter_nd", name, ours, lambda: torch.zeros(shape, dtype=dtype, device=device).index_put_(
-        (idx,), upd, accumulate=True), "index_put_(accumulate=True)", numpy=numpy_fn, bytes_moved=moved)
+        (idx,), upd, accumulate=True), "index_put_(accumulate=True)", numpy=numpy_fn, bytes_moved=moved,
+        size=n, series=series + " vs index_put_")
     yield Case("scatter_nd", name, ours, lambda: torch.zeros(shape, dtype=dtype, device=device).index_add_(
-        0, idx, upd), "index_add_", numpy=numpy_fn, bytes_moved=moved)
+        0, idx, upd), "index_add_", numpy=numpy_fn, bytes_moved=moved, size=n, series=series + " vs index_add_")
     if device == "cuda":
         yield Case("scatter_nd", name + " deterministic", _deterministic(ours),
                    _deterministic(lambda: torch.zeros(shape, dtype=dtype, device=device).index_put_(
                        (idx,), upd, accumulate=True)), "index_put_(accumulate=True), deterministic",
-                   bytes_moved=moved)
+                   bytes_moved=moved, size=n, series=series + " deterministic")
 
 
 def _gather_case(device, n, width, dtype, gen):
@@ -79,7 +81,8 @@ def _gather_case(device, n, width, dtype, gen):
 
     return Case("gather_nd", f"gather {kind} N={n:.0e} {str(dtype)[6:]}",
                 lambda: torch_masked.gather_nd(params, indices), lambda: params[idx], "params[idx]",
-                numpy=numpy_fn, bytes_moved=slots * 8 + 2 * n * params.element_size())
+                numpy=numpy_fn, bytes_moved=slots * 8 + 2 * n * params.element_size(),
+                size=n, series=f"gather {kind} {str(dtype)[6:]}")
 
 
 def cases(device, quick):

@@ -27,7 +27,7 @@ def _numpy(condition, x, y, device):
     return lambda: np.where(cn, xn, yn)
 
 
-def _where_case(name, cond_shape, x_shape, y_shape, device):
+def _where_case(name, series, cond_shape, x_shape, y_shape, device):
     condition, x, y = _inputs(cond_shape, x_shape, y_shape, device)
     y_numel = y.numel() if isinstance(y, torch.Tensor) else 0
     out_numel = torch.broadcast_shapes(cond_shape, x_shape, () if y_shape is SCALAR else y_shape).numel()
@@ -41,6 +41,8 @@ def _where_case(name, cond_shape, x_shape, y_shape, device):
         "torch.where",
         numpy=_numpy(condition, x, y, device),
         bytes_moved=moved,
+        size=out_numel,
+        series=series,
     )
 
 
@@ -57,6 +59,8 @@ def _select_rows_case(rows, cols, device):
         "torch.where(c[:, None], x, y)",
         numpy=_numpy(column, x, y, device),
         bytes_moved=moved,
+        size=rows * cols,
+        series=f"rows [N/{cols}] x,y [N/{cols},{cols}] f32",
     )
 
 
@@ -72,22 +76,26 @@ def _copy_reference_case(n, device):
         lambda: x.clone(),
         "x.clone() (copy, 8 B/elem)",
         bytes_moved=n * (1 + 4 + 4 + 4),
+        size=n,
+        series="same shape f32 vs copy",
     )
 
 
 def cases(device, quick):
     sizes = [1000] if quick else [10**6, 10**7] + ([10**8] if device == "cuda" else [])
     for n in sizes:
-        yield _where_case(f"same shape {n:.0e} f32", (n,), (n,), (n,), device)
+        yield _where_case(f"same shape {n:.0e} f32", "same shape f32", (n,), (n,), (n,), device)
     for n in sizes:
-        yield _where_case(f"c [{n}] x [{n}] y 0.0 f32", (n,), (n,), SCALAR, device)
+        yield _where_case(f"c [{n}] x [{n}] y 0.0 f32", "c [N] x [N] y 0.0 f32", (n,), (n,), SCALAR, device)
     cols = 100 if quick else 1000
     for n in sizes:
         rows = n // cols
-        yield _where_case(f"c [{rows},1] x [{rows},{cols}] y [{cols}] f32", (rows, 1), (rows, cols), (cols,), device)
+        yield _where_case(f"c [{rows},1] x [{rows},{cols}] y [{cols}] f32", f"c [N/{cols},1] x [N/{cols},{cols}] y [{cols}] f32",
+                          (rows, 1), (rows, cols), (cols,), device)
     for n in sizes:
         rows = n // cols
-        yield _where_case(f"c [1,{cols}] x,y [{rows},{cols}] f32", (1, cols), (rows, cols), (rows, cols), device)
+        yield _where_case(f"c [1,{cols}] x,y [{rows},{cols}] f32", f"c [1,{cols}] x,y [N/{cols},{cols}] f32",
+                          (1, cols), (rows, cols), (rows, cols), device)
     for n in sizes:
         yield _select_rows_case(n // cols, cols, device)
     if device == "cuda":

@@ -82,14 +82,19 @@ def cuda_goals(rows):
     return goals
 
 
+def evaluate(device, rows):
+    """(name, measured, target, met) of every goal the rows can tell. The
+    per-call overhead rows (bench_overhead.py) are for reference only: a
+    ten-element call is dispatch, not kernel."""
+    rows = [r for r in rows if not (r.get("series") or "").startswith("overhead")]
+    goals = cuda_goals(rows) if device == "cuda" else cpu_goals(rows)
+    return [g for g in goals if g is not None]
+
+
 def main(path):
     with open(path) as f:
         report = json.load(f)
-    # The per-call overhead rows (bench_overhead.py) are for reference: a
-    # ten-element call is dispatch, not kernel.
-    rows = [r for r in report["rows"] if not (r.get("series") or "").startswith("overhead")]
-    goals = cuda_goals(rows) if report["device"] == "cuda" else cpu_goals(rows)
-    goals = [g for g in goals if g is not None]
+    goals = evaluate(report["device"], report["rows"])
     print(f"\nSpeed goals: {report['title']}")
     width = max(len(g[0]) for g in goals)
     for name, measured, target, met in goals:

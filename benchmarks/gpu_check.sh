@@ -26,10 +26,12 @@
 #             element scatters (benchmarks/profile_kernels.py; PROFILE_MATCH,
 #             substrings of the cases separated by ';', picks others), for at
 #             most PROFILE_LIMIT seconds (150);
-#   bench     the copy bandwidth, then the CUDA benchmarks for what is left
-#             of TOTAL_LIMIT (540), so that a hang still leaves the rows
-#             measured before it (run.py rewrites rows.json after each), and
-#             the goals table.
+#   bench     the report (benchmarks/report.py: the copy bandwidth, then the
+#             CUDA benchmarks) for what is left of TOTAL_LIMIT (540), so that
+#             a hang still leaves the rows measured before it (rows.json is
+#             rewritten after each, and the report written when cut short),
+#             then the goals table; RESULTS.md and plots/cuda/ are copied to
+#             $OUT.
 # A wheel folder .whl/ (e.g. expecttest, absent on some GPU images) is
 # installed first if present.
 set -uo pipefail
@@ -95,29 +97,16 @@ if [[ " $STEPS " != *" bench "* ]]; then
   exit 0
 fi
 
-# The copy-bandwidth ceiling that the bandwidth column is read against.
-python3 - <<'PY' | tee "$OUT/copy_bandwidth.txt"
-import torch
-x = torch.randn(100_000_000, device="cuda")
-y = torch.empty_like(x)
-for _ in range(3):
-    y.copy_(x)
-begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-times = []
-for _ in range(20):
-    begin.record(); y.copy_(x); end.record(); end.synchronize()
-    times.append(begin.elapsed_time(end) / 1e3)
-times.sort()
-print(f"device-to-device copy of 1e8 float32: {2 * x.nbytes / times[len(times) // 2] / 1e9:.0f} GB/s (read + write)")
-PY
-
 bench_limit=$(( ${TOTAL_LIMIT:-540} - SECONDS ))
-timeout -k 10 "$(( bench_limit > 30 ? bench_limit : 30 ))" \
-  python3 benchmarks/run.py --device cuda ${OPS:+--ops "$OPS"} --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
+timeout -k 20 "$(( bench_limit > 30 ? bench_limit : 30 ))" \
+  python3 benchmarks/report.py --device cuda ${OPS:+--ops "$OPS"} --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
 bench_rc=$?
-tail -5 "$OUT/bench.err"
+grep -E "^report:" "$OUT/bench.err"
+tail -3 "$OUT/bench.err"
 echo "bench rc=${bench_rc}; total ${SECONDS}s"
 cat "$OUT/bench.log"
+cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
+mkdir -p "$OUT/plots" && cp -r benchmarks/plots/cuda "$OUT/plots/" 2> /dev/null
 if [ -f "$OUT/rows.json" ]; then
   python3 benchmarks/goals.py "$OUT/rows.json" | tee "$OUT/goals.txt"
 fi

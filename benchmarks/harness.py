@@ -95,7 +95,7 @@ def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200):
     the guest's free 2 MiB blocks (free page reporting), the first few
     hundred megabytes of fresh huge-page memory that a process's large
     outputs land on cost about ten times the usual first touch; the warm-up
-    lets that pass for every side before the timing (benchmarks/RESULTS.md
+    lets that pass for every side before the timing (benchmarks/METHODS.md
     gives its size)."""
     is_cuda = torch.device(device).type == "cuda"
     _interleaved_rounds(fns, is_cuda, 0.0 if is_cuda else 1.5, 2, max_rounds)

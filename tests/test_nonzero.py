@@ -203,6 +203,20 @@ def test_float8_zeros_by_their_own_rules(device):
         assert torch_masked.nonzero(x).flatten().tolist() == expected
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_long_byte_inputs_of_any_bytes(device, dtype):
+    """Thousands of bytes drawn from 0x00, 0x80, 0x01, 0x7f, 0xff (counted
+    many at a time on the CPU): each is non-zero by its dtype's rule, as
+    torch reads it (bool: every byte but 0x00)."""
+    gen = torch.Generator().manual_seed(3)
+    values = torch.tensor([0x00, 0x80, 0x01, 0x7F, 0xFF], dtype=torch.uint8)
+    raw = values[torch.randint(0, len(values), (4099,), generator=gen)]
+    x = raw.to(device).view(dtype)
+    expected = torch.nonzero(raw != 0) if dtype == torch.bool else torch.nonzero(raw.view(dtype).float() != 0)
+    assert torch.equal(torch_masked.nonzero(x).cpu(), expected)
+
+
 @pytest.mark.parametrize("device", DEVICES + ["meta"])
 @pytest.mark.parametrize("dtype", ["float8_e8m0fnu", "float4_e2m1fn_x2"])
 def test_dtypes_without_a_zero_are_refused(device, dtype):

@@ -7,6 +7,7 @@
 // size serves every dtype.
 #include "boolean_mask.h"
 #include "common.h"
+#include "cpu/byte_scan.h"
 #include "cpu/compaction.h"
 #include "cpu/huge_pages.h"
 
@@ -21,8 +22,9 @@ namespace {
 
 // Elements moved by one task, at least, so that small inputs stay on one thread.
 constexpr int64_t kMinTaskElements = int64_t{1} << 15;
-// Mask bytes are looked at 8 at a time: an all-false word is skipped (or
-// zeroed), an all-true word's 8 positions are taken without testing each.
+// Mask bytes are looked at 8 at a time where runs are followed: an all-false
+// word is skipped (or zeroed), an all-true word's 8 positions are taken
+// without testing each.
 constexpr int64_t kWord = 8;
 constexpr uint64_t kAllTrue = 0x0101010101010101ULL;
 // Slices this large are moved with memcpy/memset, a whole run of equal mask
@@ -35,23 +37,9 @@ uint64_t load_word(const uint8_t* mask) {
   return word;
 }
 
-// Counts non-zero bytes, 8 per step: each byte's bits are folded into its
-// lowest bit, and one multiply sums the 8 lowest bits into the top byte.
 // Every loop here reads `mask[j] != 0`, so all agree whatever the bytes hold.
 int64_t count_true(const uint8_t* mask, int64_t begin, int64_t end) {
-  int64_t count = 0;
-  int64_t j = begin;
-  for (; j + kWord <= end; j += kWord) {
-    uint64_t bits = load_word(mask + j);
-    bits |= bits >> 4;
-    bits |= bits >> 2;
-    bits |= bits >> 1;
-    count += static_cast<int64_t>(((bits & kAllTrue) * kAllTrue) >> 56);
-  }
-  for (; j < end; ++j) {
-    count += mask[j] != 0;
-  }
-  return count;
+  return count_nonzero_bytes(mask + begin, end - begin, 0xFF);
 }
 
 // One past the last true position of [begin, end), or begin if none is true.
@@ -133,37 +121,54 @@ struct RunMover {
   }
 };
 
-// Mask positions looked at together by compact: their true ones are listed
-// first, then gathered, so that the loads of a sparse selection do not wait
-// on each other behind mispredicted branches.
+// Mask positions looked at together by compact: a bitmap of their true ones
+// is made first, then they are moved, so that the loads of a sparse
+// selection do not wait on each other behind mispredicted branches.
 constexpr int64_t kBatch = 1024;
+constexpr int64_t kBatchWords = kBatch / 64;
+// A batch with at most this share of false positions (1 / 16) is moved as
+// runs of true ones, one memcpy each: runs then average 16 slices or more.
+constexpr int64_t kDenseFalseShift = 4;
 
-// Lists the true positions of [first, last) (at most kBatch), as offsets
-// from first, into picked; returns how many. Branch-free: every position is
-// written at the current end of the list, and only a true one extends it.
-int64_t pick_true(const uint8_t* mask, int64_t first, int64_t last, uint16_t* picked) {
+// Sets bit j of bits (kBatchWords words) when mask[j] is true, j < len <=
+// kBatch, and clears the bits past len; returns how many are set.
+int64_t true_bits(const uint8_t* mask, int64_t len, uint64_t* bits) {
   int64_t count = 0;
-  int64_t j = first;
-  for (; j + kWord <= last; j += kWord) {
-    const uint64_t word = load_word(mask + j);
-    if (word == 0) {
-      continue;
-    }
-    if (word == kAllTrue) {
-      for (int64_t u = 0; u < kWord; ++u) {
-        picked[count + u] = static_cast<uint16_t>(j + u - first);
+  for (int64_t w = 0; w < kBatchWords; ++w) {
+    const int64_t base = w * 64;
+    uint64_t word = 0;
+    if (base + 64 <= len) {
+      word = nonzero_bytes64(mask + base, 0xFF);
+    } else {
+      for (int64_t u = base; u < len; ++u) {
+        word |= uint64_t{mask[u] != 0} << (u - base);
       }
-      count += kWord;
-      continue;
     }
-    for (int64_t u = j; u < j + kWord; ++u) {
-      picked[count] = static_cast<uint16_t>(u - first);
-      count += mask[u] != 0;
-    }
+    bits[w] = word;
+    count += popcount64(word);
   }
-  for (; j < last; ++j) {
-    picked[count] = static_cast<uint16_t>(j - first);
-    count += mask[j] != 0;
+  return count;
+}
+
+// The first position from j on whose bit is `value`, or len if none is.
+int64_t next_bit(const uint64_t* bits, int64_t j, int64_t len, bool value) {
+  while (j < len) {
+    const uint64_t word = (value ? bits[j / 64] : ~bits[j / 64]) & (~uint64_t{0} << (j % 64));
+    if (word != 0) {
+      return std::min(len, j / 64 * 64 + __builtin_ctzll(word));
+    }
+    j = j / 64 * 64 + 64;
+  }
+  return len;
+}
+
+// Lists the true positions of the bitmap, in order, into picked; returns how many.
+int64_t pick_true(const uint64_t* bits, uint16_t* picked) {
+  int64_t count = 0;
+  for (int64_t w = 0; w < kBatchWords; ++w) {
+    for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
+      picked[count++] = static_cast<uint16_t>(w * 64 + __builtin_ctzll(word));
+    }
   }
   return count;
 }
@@ -211,16 +216,46 @@ struct BranchFreeMover {
     }
   }
 
-  // Lists each batch's true positions once, then gathers them in every block.
+  // Lists each batch's true positions once (as runs if nearly all are
+  // true), then moves them in every block.
   void compact(const uint8_t* mask, int64_t begin, int64_t end, const Blocks& blocks) const {
+    uint64_t bits[kBatchWords];
     uint16_t picked[kBatch];
     int64_t packed = 0;
     for (int64_t first = begin; first < end; first += kBatch) {
-      const int64_t count = pick_true(mask, first, std::min(end, first + kBatch), picked);
-      for (int64_t b = 0; b < blocks.count; ++b) {
-        const Unit* src = reinterpret_cast<const Unit*>(blocks.src + b * blocks.src_stride) + first * stride();
-        Unit* dst = reinterpret_cast<Unit*>(blocks.dst + b * blocks.dst_stride) + packed * stride();
-        gather(src, picked, count, dst);
+      const int64_t len = std::min(end - first, kBatch);
+      const int64_t count = true_bits(mask + first, len, bits);
+      const auto block_src = [&](int64_t b) {
+        return reinterpret_cast<const Unit*>(blocks.src + b * blocks.src_stride) + first * stride();
+      };
+      const auto block_dst = [&](int64_t b) {
+        return reinterpret_cast<Unit*>(blocks.dst + b * blocks.dst_stride) + packed * stride();
+      };
+      if (len - count <= len >> kDenseFalseShift) {
+        // picked holds the runs as (start, stop) pairs; there are at most
+        // one more than the false positions.
+        int64_t runs = 0;
+        for (int64_t j = next_bit(bits, 0, len, true); j < len; j = next_bit(bits, j, len, true)) {
+          const int64_t stop = next_bit(bits, j, len, false);
+          picked[2 * runs] = static_cast<uint16_t>(j);
+          picked[2 * runs + 1] = static_cast<uint16_t>(stop);
+          ++runs;
+          j = stop;
+        }
+        for (int64_t b = 0; b < blocks.count; ++b) {
+          const Unit* src = block_src(b);
+          Unit* dst = block_dst(b);
+          for (int64_t r = 0; r < runs; ++r) {
+            const int64_t run = picked[2 * r + 1] - picked[2 * r];
+            std::memcpy(dst, src + picked[2 * r] * stride(), run * stride() * sizeof(Unit));
+            dst += run * stride();
+          }
+        }
+      } else {
+        pick_true(bits, picked);
+        for (int64_t b = 0; b < blocks.count; ++b) {
+          gather(block_src(b), picked, count, block_dst(b));
+        }
       }
       packed += count;
     }

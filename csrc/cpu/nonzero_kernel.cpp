@@ -2,12 +2,14 @@
 // masked::nonzero_static: a parallel count per chunk, a prefix sum over the
 // chunks, then each chunk writes its own rows.
 #include "common.h"
+#include "cpu/byte_scan.h"
 #include "cpu/compaction.h"
 #include "cpu/huge_pages.h"
 
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <type_traits>
 #include <vector>
 
 #ifdef __SSE2__
@@ -36,6 +38,12 @@ int64_t count_nonzero(const T* data, int64_t begin, int64_t end, NonzeroBits<T> 
     count += nonzero(data[i]);
   }
   return count;
+}
+
+// Bytes (bool, the commonest input) are counted 16 at a time.
+template <>
+int64_t count_nonzero<uint8_t>(const uint8_t* data, int64_t begin, int64_t end, NonzeroBits<uint8_t> nonzero) {
+  return count_nonzero_bytes(data + begin, end - begin, nonzero.mask);
 }
 
 // Bit u is set when data[u] is non-zero, for u < kBlock.
@@ -85,10 +93,12 @@ template <typename T, bool kOneDim>
 int64_t write_run(const T* data, int64_t len, const int64_t* outer, int64_t last0,
                   NonzeroBits<T> nonzero, const IndexOutput& out, int64_t k, int64_t kend) {
   const int64_t dims = static_cast<int64_t>(out.columns.size());
+  int64_t* const first_column = out.columns[0];
+  const int64_t row_stride = out.row_stride;
   const auto write_row = [&](int64_t t) {
-    const int64_t row = k * out.row_stride;
+    const int64_t row = k * row_stride;
     if constexpr (kOneDim) {
-      out.columns[0][row] = last0 + t;
+      first_column[row] = last0 + t;
     } else {
       for (int64_t j = 0; j + 1 < dims; ++j) {
         out.columns[j][row] = outer[j];
@@ -96,13 +106,22 @@ int64_t write_run(const T* data, int64_t len, const int64_t* outer, int64_t last
       out.columns[dims - 1][row] = last0 + t;
     }
   };
+  // A dense block, branch-free; `bounded` (std::true_type) where rows up to
+  // kend may not hold the whole block, else no bound is tested per element.
+  const auto write_dense = [&](int64_t t, uint32_t mask, auto bounded) {
+    for (int u = 0; u < kBlock && (!decltype(bounded)::value || k < kend); ++u) {
+      write_row(t + u);
+      k += (mask >> u) & 1;
+    }
+  };
   int64_t t = 0;
   for (; t + kBlock <= len && k < kend; t += kBlock) {
     uint32_t mask = block_mask(data + t, nonzero);
-    if (__builtin_popcount(mask) > kBlock / 4) {
-      for (int u = 0; u < kBlock && k < kend; ++u) {
-        write_row(t + u);
-        k += (mask >> u) & 1;
+    if (popcount64(mask) > kBlock / 4) {
+      if (kend - k >= kBlock) {
+        write_dense(t, mask, std::false_type{});
+      } else {
+        write_dense(t, mask, std::true_type{});
       }
     } else {
       for (; mask != 0 && k < kend; mask &= mask - 1, ++k) {
