@@ -272,6 +272,19 @@ def _where_tangent(condition, x_tangent, y_tangent, shape, dtype):
     return tangent.to(dtype).expand(shape)
 
 
+def _branch_grads(ctx, condition, grad):
+    """(None, x's gradient, y's gradient) of a selection by where's
+    `condition`: `grad` where the branch was chosen, exact zeros elsewhere,
+    each brought to its branch's ctx.branches (shape, dtype)."""
+    (x_shape, x_dtype), (y_shape, y_dtype) = ctx.branches
+    grad_x = grad_y = None
+    if ctx.needs_input_grad[1]:
+        grad_x = _to_branch(_ops.where.ScalarOther(condition, grad, 0), x_shape, x_dtype)
+    if ctx.needs_input_grad[2]:
+        grad_y = _to_branch(_ops.where.ScalarSelf(condition, 0, grad), y_shape, y_dtype)
+    return None, grad_x, grad_y
+
+
 class Where(torch.autograd.Function):
     @staticmethod
     def forward(condition, x, y):
@@ -288,13 +301,7 @@ class Where(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (condition,) = ctx.saved_tensors
-        (x_shape, x_dtype), (y_shape, y_dtype) = ctx.branches
-        grad_x = grad_y = None
-        if ctx.needs_input_grad[1]:
-            grad_x = _to_branch(_ops.where.ScalarOther(condition, grad, 0), x_shape, x_dtype)
-        if ctx.needs_input_grad[2]:
-            grad_y = _to_branch(_ops.where.ScalarSelf(condition, 0, grad), y_shape, y_dtype)
-        return None, grad_x, grad_y
+        return _branch_grads(ctx, condition, grad)
 
     @staticmethod
     def jvp(ctx, condition_tangent, x_tangent, y_tangent):
@@ -306,69 +313,50 @@ class Where(torch.autograd.Function):
         return _where_vmap(_ops.where.self, in_dims, condition, x, y)
 
 
-class WhereNumberX(torch.autograd.Function):
-    """where.ScalarSelf(condition, number x, tensor y)."""
+def _where_with_number(number_is_x):
+    """where.ScalarSelf (a number for x) or where.ScalarOther (for y): the
+    tensor branch's gradient and tangent are where.self's for that branch;
+    the number has none."""
+    op = _ops.where.ScalarSelf if number_is_x else _ops.where.ScalarOther
+    tensor_at = 2 if number_is_x else 1
 
-    @staticmethod
-    def forward(condition, x, y):
-        return _ops.where.ScalarSelf(condition, x, y)
+    class WhereWithNumber(torch.autograd.Function):
+        @staticmethod
+        def forward(condition, x, y):
+            return op(condition, x, y)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        condition, _, y = inputs
-        ctx.save_for_backward(condition)
-        ctx.save_for_forward(condition)
-        ctx.branch = y.shape, y.dtype
-        ctx.result = output.shape, output.dtype
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            condition, tensor = inputs[0], inputs[tensor_at]
+            ctx.save_for_backward(condition)
+            ctx.save_for_forward(condition)
+            ctx.branch = tensor.shape, tensor.dtype
+            ctx.result = output.shape, output.dtype
 
-    @staticmethod
-    def backward(ctx, grad):
-        (condition,) = ctx.saved_tensors
-        return None, None, _to_branch(_ops.where.ScalarSelf(condition, 0, grad), *ctx.branch)
+        @staticmethod
+        def backward(ctx, grad):
+            (condition,) = ctx.saved_tensors
+            if number_is_x:
+                return None, None, _to_branch(_ops.where.ScalarSelf(condition, 0, grad), *ctx.branch)
+            return None, _to_branch(_ops.where.ScalarOther(condition, grad, 0), *ctx.branch), None
 
-    @staticmethod
-    def jvp(ctx, condition_tangent, x_tangent, y_tangent):
-        (condition,) = ctx.saved_tensors
-        return _where_tangent(condition, None, y_tangent, *ctx.result)
+        @staticmethod
+        def jvp(ctx, condition_tangent, x_tangent, y_tangent):
+            (condition,) = ctx.saved_tensors
+            if number_is_x:
+                return _where_tangent(condition, None, y_tangent, *ctx.result)
+            return _where_tangent(condition, x_tangent, None, *ctx.result)
 
-    @staticmethod
-    def vmap(info, in_dims, condition, x, y):
-        return _where_vmap(_ops.where.ScalarSelf, in_dims, condition, x, y)
+        @staticmethod
+        def vmap(info, in_dims, condition, x, y):
+            return _where_vmap(op, in_dims, condition, x, y)
 
-
-class WhereNumberY(torch.autograd.Function):
-    """where.ScalarOther(condition, tensor x, number y)."""
-
-    @staticmethod
-    def forward(condition, x, y):
-        return _ops.where.ScalarOther(condition, x, y)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        condition, x, _ = inputs
-        ctx.save_for_backward(condition)
-        ctx.save_for_forward(condition)
-        ctx.branch = x.shape, x.dtype
-        ctx.result = output.shape, output.dtype
-
-    @staticmethod
-    def backward(ctx, grad):
-        (condition,) = ctx.saved_tensors
-        return None, _to_branch(_ops.where.ScalarOther(condition, grad, 0), *ctx.branch), None
-
-    @staticmethod
-    def jvp(ctx, condition_tangent, x_tangent, y_tangent):
-        (condition,) = ctx.saved_tensors
-        return _where_tangent(condition, x_tangent, None, *ctx.result)
-
-    @staticmethod
-    def vmap(info, in_dims, condition, x, y):
-        return _where_vmap(_ops.where.ScalarOther, in_dims, condition, x, y)
+    return WhereWithNumber
 
 
 _register("where.self", Where)
-_register("where.ScalarSelf", WhereNumberX)
-_register("where.ScalarOther", WhereNumberY)
+_register("where.ScalarSelf", _where_with_number(number_is_x=True))
+_register("where.ScalarOther", _where_with_number(number_is_x=False))
 
 
 # select: as where, with a row condition as where's column [rows, 1, ...];
@@ -394,20 +382,14 @@ class Select(torch.autograd.Function):
         condition, x, y = inputs
         ctx.save_for_backward(condition)
         ctx.save_for_forward(condition)
-        ctx.dtypes = x.dtype, y.dtype
+        # Each branch has the output's shape: nothing to sum.
+        ctx.branches = (None, x.dtype), (None, y.dtype)
         ctx.result = output.shape, output.dtype
 
     @staticmethod
     def backward(ctx, grad):
         (condition,) = ctx.saved_tensors
-        condition = _condition_as_where(condition, grad.dim())
-        x_dtype, y_dtype = ctx.dtypes
-        grad_x = grad_y = None
-        if ctx.needs_input_grad[1]:
-            grad_x = _to_branch(_ops.where.ScalarOther(condition, grad, 0), None, x_dtype)
-        if ctx.needs_input_grad[2]:
-            grad_y = _to_branch(_ops.where.ScalarSelf(condition, 0, grad), None, y_dtype)
-        return None, grad_x, grad_y
+        return _branch_grads(ctx, _condition_as_where(condition, grad.dim()), grad)
 
     @staticmethod
     def jvp(ctx, condition_tangent, x_tangent, y_tangent):
