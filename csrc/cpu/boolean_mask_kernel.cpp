@@ -138,7 +138,7 @@ int64_t true_bits(const uint8_t* mask, int64_t len, uint64_t* bits) {
     const int64_t base = w * 64;
     uint64_t word = 0;
     if (base + 64 <= len) {
-      word = nonzero_bytes64(mask + base, 0xFF);
+      word = nonzero_bytes<64>(mask + base, 0xFF);
     } else {
       for (int64_t u = base; u < len; ++u) {
         word |= uint64_t{mask[u] != 0} << (u - base);

@@ -15,20 +15,23 @@
 namespace torch_masked {
 namespace cpu {
 
-// Bit u is set when bytes[u] & bits is non-zero, for u < 64.
-inline uint64_t nonzero_bytes64(const uint8_t* bytes, uint8_t bits) {
+// Bit u is set when bytes[u] & bits is non-zero, for u < kBytes (a multiple
+// of 16, at most 64).
+template <int kBytes>
+inline uint64_t nonzero_bytes(const uint8_t* bytes, uint8_t bits) {
+  static_assert(kBytes % 16 == 0 && kBytes <= 64, "whole 16-byte vectors, at most 64 bits");
 #ifdef __SSE2__
   const __m128i pattern = _mm_set1_epi8(static_cast<char>(bits));
   const __m128i zero = _mm_setzero_si128();
   uint64_t zeros = 0;
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < kBytes / 16; ++v) {
     const __m128i x = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes) + v), pattern);
     zeros |= uint64_t{static_cast<uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, zero)))} << (16 * v);
   }
-  return ~zeros;
+  return kBytes == 64 ? ~zeros : ~zeros & ((uint64_t{1} << kBytes) - 1);
 #else
   uint64_t set = 0;
-  for (int u = 0; u < 64; ++u) {
+  for (int u = 0; u < kBytes; ++u) {
     set |= uint64_t{(bytes[u] & bits) != 0} << u;
   }
   return set;

@@ -61,14 +61,7 @@ uint32_t block_mask(const T* data, NonzeroBits<T> nonzero) {
 // compare whole vectors against zero and gather the results with movemask.
 template <>
 inline uint32_t block_mask<uint8_t>(const uint8_t* data, NonzeroBits<uint8_t> nonzero) {
-  const __m128i bits = _mm_set1_epi8(static_cast<char>(nonzero.mask));
-  const __m128i zero = _mm_setzero_si128();
-  uint32_t zeros = 0;
-  for (int v = 0; v < kBlock / 16; ++v) {
-    const __m128i x = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data) + v), bits);
-    zeros |= static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, zero))) << (16 * v);
-  }
-  return ~zeros;
+  return static_cast<uint32_t>(nonzero_bytes<kBlock>(data, nonzero.mask));
 }
 
 template <>
