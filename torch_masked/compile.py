@@ -32,14 +32,13 @@ indices wrap, an out-of-range index is not our IndexError naming the row (on
 CUDA it is a device assert), and sums follow the order of atomic adds.
 """
 import contextlib
-import importlib.abc
-import importlib.machinery
 import math
-import sys
 
 import torch
 from torch._library.utils import get_layout_constraint_tag
 from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
+
+from ._after_import import when_imported
 
 # The dtypes whose where Inductor generates on the CPU and CUDA alike; others
 # (complex, uint16/32/64, float8) stay our kernel.
@@ -159,30 +158,7 @@ def _register(lowering):
     decomposition.fast_random_decomps.cache_clear()
 
 
-class _RegisterWhenInductorLoads(importlib.abc.MetaPathFinder):
-    """Registers the decompositions the moment Inductor's lowerings are
-    imported (by the first torch.compile that uses Inductor), so that
-    importing torch_masked does not import Inductor: that would double its
-    import time (1.4 s more here)."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _INDUCTOR_LOWERING:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            _register(module)
-
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
-if _INDUCTOR_LOWERING in sys.modules:
-    _register(sys.modules[_INDUCTOR_LOWERING])
-else:
-    sys.meta_path.insert(0, _RegisterWhenInductorLoads())
+# Registered when Inductor's lowerings are first imported (by the first
+# torch.compile that uses Inductor): importing Inductor from torch_masked
+# would double its import time (1.4 s more here).
+when_imported(_INDUCTOR_LOWERING, _register)

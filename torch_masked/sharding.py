@@ -22,12 +22,11 @@ The module is imported by ``torch_masked`` only once ``torch.distributed.tensor`
 is (see ``register_when_dtensor_loads``), so importing ``torch_masked`` does
 not pay for DTensor.
 """
-import importlib.abc
-import importlib.util
-import sys
 import warnings
 
 import torch
+
+from ._after_import import when_imported
 
 _DTENSOR_MODULE = "torch.distributed.tensor"
 
@@ -339,27 +338,7 @@ def register():
     handlers[masked.nonzero_tuple.default] = _replicate_handler
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``register`` right after ``torch.distributed.tensor`` is imported."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _DTENSOR_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            _register_or_warn()
-
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
-def _register_or_warn():
+def _register_or_warn(dtensor_module):
     # A torch whose DTensor internals moved should still import DTensor;
     # only our ops then lack their rules.
     try:
@@ -372,7 +351,4 @@ def register_when_dtensor_loads():
     """Registers now if ``torch.distributed.tensor`` is loaded, else as soon as it is."""
     if not torch.distributed.is_available():
         return
-    if _DTENSOR_MODULE in sys.modules:
-        _register_or_warn()
-    else:
-        sys.meta_path.insert(0, _RegisterAfterImport())
+    when_imported(_DTENSOR_MODULE, _register_or_warn)
