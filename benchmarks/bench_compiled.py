@@ -1,9 +1,9 @@
 """Every op inside a compiled chain of pointwise work: the chain with our op
 against the same chain with the native equivalent, both
 ``torch.compile(fullgraph=True)`` with Inductor, in the same process. Inductor
-fuses ``where`` and ``select`` itself (torch_masked/compile.py); the other
-ops stay our kernels there, and these rows are the measurement that decides
-it."""
+fuses ``where``, ``select`` and ``gather_nd`` itself (torch_masked/compile.py);
+the other ops stay our kernels there, and these rows are the measurement
+that decides it (``torch_masked.compile.opaque()`` gives the other side)."""
 import torch
 
 import torch_masked
@@ -73,6 +73,10 @@ def _native_gather_nd(x, indices):
     return (x[indices[:, 0]] * 2 + 1).sum()
 
 
+def _gather_nd_unchecked(x, indices):
+    return (torch_masked.gather_nd(x, indices, check_bounds=False) * 2 + 1).sum()
+
+
 def _scatter_nd(indices, x, n):
     return torch_masked.scatter_nd(indices, x * 2, [n]) + 1
 
@@ -131,6 +135,10 @@ def _chains(device, sizes):
                (c[:rows], x_rows, y_rows))
         yield ("gather_nd", "(gather_nd(x, idx)*2+1).sum(), n/10 indices", n, _gather_nd, _native_gather_nd,
                "x[idx[:, 0]]", (x, indices))
+        # The fused gather alone: without the bounds check's pass over the
+        # indices (and its call), which the row above pays for its IndexError.
+        yield ("gather_nd unchecked", "(gather_nd(x, idx, check_bounds=False)*2+1).sum(), n/10 indices", n,
+               _gather_nd_unchecked, _native_gather_nd, "x[idx[:, 0]]", (x, indices))
         yield ("scatter_nd", SCATTER, n, _scatter_nd, _native_scatter_nd, "zeros.index_put_(accumulate=True)",
                (indices, x[: n // 10], n))
         yield ("tensor_scatter_nd_add", "tensor_scatter_nd_add(t*2, idx, u)+1, n/10 updates", n,

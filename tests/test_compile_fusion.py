@@ -204,7 +204,8 @@ def test_declined_cases_run_our_kernel_and_raise_as_eager():
 
 def test_opaque_switch_keeps_our_kernels():
     def chain(c, x, y):
-        return torch_masked.where(c, x * 2, y) + torch_masked.select(c, x, -y) + torch_masked.where(c, 1.0, y)
+        picked = torch_masked.where(c, x * 2, y) + torch_masked.select(c, x, -y) + torch_masked.where(c, 1.0, y)
+        return picked + torch_masked.gather_nd(x, torch.tensor([[6], [0], [3], [1], [1], [2], [5]]))
 
     c, x, y = make_tensor((7,), torch.bool, "cpu", generator=gen(13)), torch.randn(7, generator=gen(14)), torch.randn(7)
     tag = torch.compiler.config.cache_key_tag
@@ -213,12 +214,13 @@ def test_opaque_switch_keeps_our_kernels():
         result, code = run_and_get_code(torch.compile(chain, fullgraph=True), c, x, y)
     assert not torch_masked.compile.is_opaque() and torch.compiler.config.cache_key_tag == tag
     code = "\n".join(code)
-    for op in ("where.self", "select.default", "where.ScalarSelf"):
+    for op in ("where.self", "select.default", "where.ScalarSelf", "gather_nd.default"):
         assert f"torch.ops.masked.{op}(" in code
-    exact(result, torch.where(c, x * 2, y) + torch.where(c, x, -y) + torch.where(c, 1.0, y))
+    picked = torch.where(c, x * 2, y) + torch.where(c, x, -y) + torch.where(c, 1.0, y)
+    exact(result, picked + x[[6, 0, 3, 1, 1, 2, 5]])
     # Off again: the next compile fuses.
     fused, code = run_and_get_code(torch.compile(chain, fullgraph=True), c, x, y)
-    assert not OUR_CALL.search("\n".join(code))
+    assert not OUR_CALL.search("\n".join(code)) and GATHER_CALL not in "\n".join(code)
     exact(fused, result)
 
 
@@ -268,19 +270,173 @@ def test_onnx_export_translates_masked_ops():
 
 def test_index_ops_stay_our_kernels():
     def chain(x, indices, mask):
-        gathered = torch_masked.gather_nd(x, indices) * 2
+        gathered = x[indices[:, 0]] * 2
         scattered = torch_masked.scatter_nd(indices, gathered, [8]) + torch_masked.tensor_scatter_nd_add(x, indices, gathered)
         return scattered, torch_masked.boolean_mask(x + 1, mask), torch_masked.nonzero(mask)
 
     x, indices, mask = torch.randn(8, generator=gen(17)), torch.tensor([[3], [0], [3]]), torch.rand(8, generator=gen(18)) < 0.5
     (scattered, masked, positions), code = run_and_get_code(torch.compile(chain, fullgraph=True), x, indices, mask)
     code = "\n".join(code)
-    for op in ("gather_nd", "scatter_nd", "tensor_scatter_nd_add", "boolean_mask", "nonzero"):
+    for op in ("scatter_nd", "tensor_scatter_nd_add", "boolean_mask", "nonzero"):
         assert f"torch.ops.masked.{op}.default(" in code
     updates = x[indices[:, 0]] * 2
     exact(scattered, torch.zeros(8).index_put_((indices[:, 0],), updates, accumulate=True) + x.index_put((indices[:, 0],), updates, accumulate=True))
     exact(masked, (x + 1)[mask])
     exact(positions, torch.nonzero(mask))
+
+
+GATHER_CALL = "torch.ops.masked.gather_nd.default("
+CHECK_CALL = "torch.ops.masked.check_gather_nd_indices.default("
+
+
+def native_gather(params, indices):
+    """params[indices[..., 0], ..., indices[..., K-1]]: ATen's advanced indexing."""
+    return params[tuple(indices.long().unbind(-1))]
+
+
+def pairs(params, indices, bad_indices):
+    """(params, indices, check_bounds): every params with the first indices;
+    the first and last params (a transposed view) with every indices, and
+    without the bounds check with indices holding rows out of bounds."""
+    chosen = [(p, indices[0], True) for p in params]
+    chosen += [(p, i, True) for i in indices[1:] for p in (params[0], params[-1])]
+    return chosen + [(p, i, False) for i in bad_indices for p in (params[0], params[-1])]
+
+
+def gathers(params, indices, bad_indices):
+    return [torch_masked.gather_nd(p, i, check_bounds=check) * 2 for p, i, check in pairs(params, indices, bad_indices)]
+
+
+def expected_gathers(params, indices, bad_indices):
+    """ATen's indexing; rows out of bounds read as zeros."""
+    expected = []
+    for p, i, _ in pairs(params, indices, bad_indices):
+        in_bounds = ((i >= 0) & (i < torch.tensor(p.shape[: i.shape[-1]]))).all(-1)
+        gathered = native_gather(p, i * in_bounds[..., None])  # bad rows read row 0, then replaced by zeros
+        in_bounds = in_bounds.reshape(in_bounds.shape + (1,) * (p.dim() - i.shape[-1]))
+        expected.append(torch.where(in_bounds, gathered, torch.zeros((), dtype=p.dtype)) * 2)
+    return expected
+
+
+def gather_inputs(dtypes, rows, seed):
+    """params [6, 5, 3] of each dtype (the last one a transposed view);
+    indices of depth 1, 2 and 3 with batch ranks 0 to 2, int32 and int64, a
+    strided view among them, no rows; then indices with entries negative or
+    too large among good ones."""
+    params = [make_tensor((6, 5, 3), dtype, "cpu", generator=gen(seed + k)) for k, dtype in enumerate(dtypes)]
+    params[-1] = make_tensor((3, 5, 6), dtypes[-1], "cpu", generator=gen(seed)).permute(2, 1, 0)
+    sizes = torch.tensor([6, 5, 3])
+
+    def draw(shape, depth, dtype, low=0, high=None):
+        top = sizes[:depth] if high is None else torch.full((depth,), high)
+        fraction = torch.rand(*shape, depth, generator=gen(seed + depth))
+        return (low + fraction * (top - low)).floor().to(dtype)
+
+    indices = [
+        draw((rows,), 1, torch.int64),  # slices [5, 3]
+        draw((rows, 2), 2, torch.int32),  # slices [3]
+        draw((rows,), 3, torch.int64),  # elements
+        non_contiguous(draw((rows, 2), 2, torch.int64)),
+        draw((), 2, torch.int64),  # a single index: one slice
+        draw((0,), 2, torch.int32),  # no rows
+    ]
+    bad_indices = [draw((rows,), 2, torch.int64, low=-6, high=9), draw((rows, 1), 1, torch.int32, low=-7, high=12)]
+    return params, indices, bad_indices
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_gather_nd_fuses_and_matches_eager(dynamic):
+    # Every dtype Inductor fuses (static); a second batch size reuses the
+    # dynamic graph.
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(gathers, fullgraph=True, dynamic=dynamic)
+    for rows in (4, 7) if dynamic else (4,):
+        inputs = gather_inputs(FUSED if not dynamic else FUSED[::3], rows, seed=rows)
+        if rows == 4:
+            results, code = run_and_get_code(compiled, *inputs)
+            code = "\n".join(code)
+            assert GATHER_CALL not in code and CHECK_CALL in code
+        else:
+            results = compiled(*inputs)
+        for result, ours, reference in zip(results, gathers(*inputs), expected_gathers(*inputs), strict=True):
+            exact(result, reference)
+            exact(result, ours)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_gather_nd_compiled_raises_the_eager_index_error():
+    # The check runs before the fused gather reads anything; each row's first
+    # bad entry, negative or too large, at every depth, is named as in eager.
+    compiled = torch.compile(lambda p, i: (torch_masked.gather_nd(p * 2, i) + 1).sum(-1), fullgraph=True)
+    params = torch.randn(4, 5, 6, generator=gen(19))
+    good = torch.tensor([[3, 4, 5], [0, 1, 2], [2, 2, 2]])
+    for row, column, value in [(0, 0, 4), (1, 1, -1), (2, 2, 6), (2, 0, -5)]:
+        for depth in range(column + 1, 4):
+            bad = good.clone()
+            bad[row, column] = value
+            with pytest.raises(IndexError) as eager:
+                torch_masked.gather_nd(params, bad[:, :depth])
+            with pytest.raises(IndexError) as fused:
+                compiled(params, bad[:, :depth])
+            assert str(fused.value) == str(eager.value)
+    torch.testing.assert_close(compiled(params, good), ((params * 2)[tuple(good.unbind(-1))] + 1).sum(-1))
+
+
+def test_gather_nd_declined_cases_run_our_kernel():
+    # Complex params, K = 0 (every row is all of params), params with no slots.
+    def chain(complex_params, params, empty, rows, depth_zero, no_rows):
+        return (torch_masked.gather_nd(complex_params, rows) * 2, torch_masked.gather_nd(params, depth_zero) + 1,
+                torch_masked.gather_nd(empty, no_rows))
+
+    complex_params = make_tensor((5, 2), torch.complex64, "cpu", generator=gen(20))
+    params, empty = torch.randn(3, 2, generator=gen(21)), torch.zeros(0, 4)
+    rows, depth_zero, no_rows = torch.tensor([[4], [1]]), torch.zeros(3, 0, dtype=torch.int64), torch.zeros(0, 1, dtype=torch.int64)
+    results, code = run_and_get_code(
+        torch.compile(chain, fullgraph=True), complex_params, params, empty, rows, depth_zero, no_rows
+    )
+    assert "\n".join(code).count(GATHER_CALL) == 3
+    exact(results[0], complex_params[rows[:, 0]] * 2)
+    exact(results[1], params.expand(3, 3, 2) + 1)
+    assert results[2].shape == (0, 4)
+
+
+def test_gather_nd_of_data_dependent_rows_and_compiled_backward():
+    # tf.gather_nd(x, tf.where(m)): rows whose number is known only at run
+    # time; the backward (scatter_nd of the gradient) stays our kernel.
+    def loss(gather, x, m, w):
+        return (gather(x * w, m) ** 2).sum()
+
+    def ours(x, m):
+        return torch_masked.gather_nd(x, torch_masked.where(m))
+
+    x, m = torch.randn(5, 4, generator=gen(22)), torch.rand(5, 4, generator=gen(23)) < 0.5
+    compiled = torch.compile(loss, fullgraph=True)
+    values = []
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for fn, gather in [(compiled, ours), (loss, ours), (loss, lambda x, m: x[m])]:
+            w = torch.randn(4, generator=gen(24)).requires_grad_()
+            value = fn(gather, x, m, w)
+            values.append((value.detach(), *torch.autograd.grad(value, w)))
+    torch.testing.assert_close(values[0], values[1], rtol=0, atol=0)
+    torch.testing.assert_close(values[0], values[2])
+
+
+def test_inductor_caches_key_on_our_decompositions():
+    # The caches key a graph before decomposition: the fingerprint of
+    # compile.py, and the opaque switch, must be in cache_key_tag.
+    tag = torch.compiler.config.cache_key_tag
+    fingerprint = "|torch_masked." + torch_masked.compile._FINGERPRINT
+    assert tag.endswith(fingerprint)
+    with torch_masked.compile.opaque():
+        assert torch.compiler.config.cache_key_tag == tag + ".opaque"
+    try:
+        torch.compiler.config.cache_key_tag = "user" + tag
+        with torch_masked.compile.opaque():
+            assert torch.compiler.config.cache_key_tag == "user" + tag + ".opaque"
+        assert torch.compiler.config.cache_key_tag == "user" + tag
+    finally:
+        torch.compiler.config.cache_key_tag = tag
 
 
 def test_import_does_not_load_inductor_and_registers_when_it_loads():

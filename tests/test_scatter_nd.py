@@ -596,6 +596,8 @@ def check_out_of_bounds_errors(device):
                 torch_masked.tensor_scatter_nd_add(torch.zeros(shape, device=device), indices, updates)
             with pytest.raises(IndexError, match="gather_nd: " + message):
                 torch_masked.gather_nd(torch.zeros(shape, device=device), indices)
+            with pytest.raises(IndexError, match="gather_nd: " + message):
+                torch.ops.masked.check_gather_nd_indices(indices, shape)
     # The position is in indices.shape[:-1] coordinates; the first bad row is named.
     indices = torch.tensor([[[0], [1]], [[9], [-2]]], device=device)
     with pytest.raises(IndexError, match=r"got \[9\] at indices\[1, 0\]"):
@@ -605,6 +607,35 @@ def check_out_of_bounds_errors(device):
         torch_masked.scatter_nd(torch.tensor([1, 5], device=device), torch.ones((), device=device), [4, 3])
     # The device (and the CUDA context) is fine afterwards.
     assert torch_masked.scatter_nd(torch.tensor([[1]], device=device), torch.ones(1, device=device), [3]).tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_gather_nd_indices_is_the_bounds_check_of_gather_nd(device):
+    # gather_nd's check alone (what its compiled form runs before the fused
+    # gather): a 0-d int64 0 where gather_nd would gather, its error where it
+    # would raise. Rows past the first few thousand, in several threads'
+    # parts, two of them bad: the first is named.
+    check = torch.ops.masked.check_gather_nd_indices
+    for indices, shape in [
+        (torch.tensor([[3, 2], [0, 0]]), [4, 3, 5]),
+        (torch.tensor([3, 2], dtype=torch.int32), [4, 3]),  # a single index
+        (torch.zeros(0, 2, dtype=torch.int64), [0, 3]),  # no rows: nothing is out of bounds
+        (torch.zeros(5, 0, dtype=torch.int64), [2]),  # K = 0
+        (torch.randint(0, 7, (3, 100_000, 1)), [7]),
+    ]:
+        checked = check(indices.to(device), shape)
+        assert checked.device == indices.to(device).device and checked.dtype == torch.int64
+        assert checked.shape == () and checked.item() == 0
+    for index_dtype in INDEX_DTYPES:
+        rows = torch.randint(0, 7, (3, 100_000, 1), dtype=index_dtype)
+        rows[2, 90_000], rows[1, 70_000] = -1, 7
+        message = r"gather_nd: expected every index within shape \[7\], got \[7\] at indices\[1, 70000\] "
+        with pytest.raises(IndexError, match=message):
+            check(rows.to(device), [7])
+        with pytest.raises(IndexError, match=message):
+            torch_masked.gather_nd(torch.zeros(7, device=device), rows.to(device))
+        with pytest.raises(IndexError, match=r"got \[2, -1\] at indices\[1, 0\]"):
+            check(non_contiguous(torch.tensor([[[0, 1], [4, 2]], [[2, -1], [0, 0]]], dtype=index_dtype).to(device)), [5, 3])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -768,6 +799,8 @@ def sample_inputs(device, requires_grad):
         (ops.gather_nd.default, (floats(4), ints(4, 1)), {"check_bounds": False}),
         (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(4, 5, 1), floats(5, 3)), {}),
         (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(3, 6, 2), floats(6)), {}),
+        (ops.check_gather_nd_indices.default, (ints(4, 5, 2), [4, 4, 3]), {}),
+        (ops.check_gather_nd_indices.default, (ints(3, 2, 1, dtype=torch.int32), [3]), {}),
     ]
 
 
@@ -907,6 +940,8 @@ def bad_calls():
         (ops.tensor_scatter_nd_add.default, (torch.zeros(3), idx, torch.ones(3))),
         (ops.gather_nd.default, (upd, torch.zeros(2, 2, dtype=torch.int64))),
         (ops.gather_nd.default, (upd, idx.double())),
+        (ops.check_gather_nd_indices.default, (torch.zeros(2, 2, dtype=torch.int64), [3])),
+        (ops.check_gather_nd_indices.default, (idx.double(), [3])),
     ]
 
 

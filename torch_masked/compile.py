@@ -1,38 +1,42 @@
 """Our ops inside graphs compiled by Inductor (``torch.compile``'s default
 backend), and the switch that keeps them all opaque there.
 
-``where`` (``where.self``, ``where.ScalarSelf``, ``where.ScalarOther``) and
-``select`` get Inductor decompositions into ``aten.where``, so that Inductor
-fuses them with the pointwise work around them: one loop instead of our
-kernel reading operands that Inductor first wrote out, and writing a result
-that Inductor then reads back. The decompositions live in Inductor's own
-table (``torch._inductor.decomposition.decompositions``), the one it hands
-AOTAutograd when it lowers a graph, so they apply only there: eager calls run
-our kernels, and ``torch.export`` (hence ONNX export), which decomposes with
-its own table, keeps ``masked::`` ops. They keep our semantics exactly:
-the result dtype is ``torch.result_type(x, y)``, a number promotes as
-``torch.where``'s wrapped numbers do, ``select``'s row condition picks whole
-rows, and the result is a new contiguous tensor.
+``where`` (``where.self``, ``where.ScalarSelf``, ``where.ScalarOther``),
+``select`` and ``gather_nd`` get Inductor decompositions into ``aten.where``
+and ``aten.index``, so that Inductor fuses them with the work around them:
+one loop instead of our kernel reading operands that Inductor first wrote
+out, and writing a result that Inductor then reads back. The decompositions
+live in Inductor's own table (``torch._inductor.decomposition.decompositions``),
+the one it hands AOTAutograd when it lowers a graph, so they apply only
+there: eager calls run our kernels, and ``torch.export`` (hence ONNX export),
+which decomposes with its own table, keeps ``masked::`` ops. They keep our
+semantics exactly: the result dtype is ``torch.result_type(x, y)``, a number
+promotes as ``torch.where``'s wrapped numbers do, ``select``'s row condition
+picks whole rows, the result is a new contiguous tensor, and an index out of
+bounds is gather_nd's IndexError (masked::check_gather_nd_indices, run
+before the fused gather) or, without check_bounds, a row of zeros.
 
 A decomposition declines (returns ``NotImplemented``, so the op stays our
 kernel) where Inductor would not keep our behaviour: a dtype outside
 ``FUSED_DTYPES``, a number that does not fit the result dtype (our kernel
 raises for it, as eager ``torch.where`` does), a number known only at run
-time (its range cannot be checked), and shapes holding sizes known only at
-run time (from ``nonzero`` or ``boolean_mask``), whose mismatch our kernel
-reports by name.
+time (its range cannot be checked), and where's and select's shapes holding
+sizes known only at run time (from ``nonzero`` or ``boolean_mask``), whose
+mismatch our kernel reports by name.
 
-``gather_nd``, ``scatter_nd``, ``tensor_scatter_nd_add``, ``boolean_mask``
-and ``nonzero`` stay our kernels inside compiled graphs, on every device:
-``boolean_mask`` and ``nonzero`` are faster there than what Inductor makes of
-the native equivalents, the scatters on large outputs too
+``scatter_nd``, ``tensor_scatter_nd_add``, ``boolean_mask`` and ``nonzero``
+stay our kernels inside compiled graphs, on every device: ``boolean_mask``
+and ``nonzero`` are faster there than what Inductor makes of the native
+equivalents, the scatters on large outputs too
 (``benchmarks/bench_compiled.py``; README, "Inside torch.compile"), and
-Inductor's gathers and scatters would not keep our contract: negative
-indices wrap, an out-of-range index is not our IndexError naming the row (on
-CUDA it is a device assert), and sums follow the order of atomic adds.
+Inductor's scatters would not keep our contract: negative indices wrap, an
+out-of-range index is not our IndexError naming the row (on CUDA it is a
+device assert), and sums follow the order of atomic adds.
 """
 import contextlib
+import hashlib
 import math
+import pathlib
 
 import torch
 from torch._library.utils import get_layout_constraint_tag
@@ -48,8 +52,20 @@ FUSED_DTYPES = frozenset(
 )
 
 _opaque = False
-# Added to torch.compiler.config.cache_key_tag while every op is kept opaque.
-_CACHE_TAG = "|torch_masked.opaque"
+# Inductor's and AOTAutograd's on-disk caches key a graph as it is before
+# decomposition, with torch's version but not ours: a graph compiled with
+# other decompositions (an older torch_masked, or the opaque switch) would be
+# served as it was. So torch.compiler.config.cache_key_tag carries a
+# fingerprint of this module, which holds them all, and the switch.
+_FINGERPRINT = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]
+_cache_tag = ""  # what is appended to cache_key_tag now
+
+
+def _update_cache_tag():
+    global _cache_tag
+    tag = torch.compiler.config.cache_key_tag.replace(_cache_tag, "")
+    _cache_tag = f"|torch_masked.{_FINGERPRINT}" + (".opaque" if _opaque else "")
+    torch.compiler.config.cache_key_tag = tag + _cache_tag
 
 
 def set_opaque(enabled):
@@ -59,13 +75,12 @@ def set_opaque(enabled):
     It is read when a graph is compiled: a function compiled before keeps its
     code until Dynamo recompiles it (``torch.compiler.reset()`` forgets every
     compiled graph). Inductor's on-disk caches see it through
-    ``torch.compiler.config.cache_key_tag``, to which it adds
-    ``"|torch_masked.opaque"`` while on, so a graph compiled one way is never
+    ``torch.compiler.config.cache_key_tag``, whose ``"|torch_masked.<fingerprint>"``
+    ends in ``".opaque"`` while on, so a graph compiled one way is never
     served from the cache for the other."""
     global _opaque
     _opaque = bool(enabled)
-    tag = torch.compiler.config.cache_key_tag.replace(_CACHE_TAG, "")
-    torch.compiler.config.cache_key_tag = tag + _CACHE_TAG if _opaque else tag
+    _update_cache_tag()
 
 
 def is_opaque():
@@ -133,11 +148,45 @@ def _select(condition, x, y):
     return _where(condition, x, y)
 
 
+def _gather_nd(params, indices, *, check_bounds=True):
+    """masked::gather_nd as aten.index of params' leading K dimensions, flat:
+    Inductor fuses the gather into the loop of what reads its result, and
+    what computes params into the gather (only the rows read). With
+    check_bounds, masked::check_gather_nd_indices raises gather_nd's
+    IndexError first: its result, a 0 added to the slots, keeps it before the
+    loop, whose indices are then all in bounds (Inductor's own wrap of
+    negative indices and its bounds assert never fire). Without, each index
+    is clamped and rows out of bounds read as zeros, as in our kernel. K = 0
+    (every row is all of params) and params without slots stay our kernel."""
+    depth = indices.shape[-1]
+    lead, rest = params.shape[:depth], params.shape[depth:]
+    num_slots = math.prod(lead)
+    if _opaque or params.dtype not in FUSED_DTYPES or depth == 0 or num_slots == 0:
+        return NotImplemented
+    slots, in_bounds = None, None
+    for size, column in zip(lead, indices.unbind(-1)):
+        column = column.to(torch.int64)
+        if not check_bounds:
+            column_in_bounds = (column >= 0) & (column < size)
+            in_bounds = column_in_bounds if in_bounds is None else in_bounds & column_in_bounds
+            column = column.clamp(0, size - 1)
+        slots = column if slots is None else slots * size + column
+    if check_bounds:
+        slots = slots + torch.ops.masked.check_gather_nd_indices(indices, list(params.shape))
+    # aten.index itself: Python's indexing would read a 0-d index (one row) as a number.
+    gathered = torch.ops.aten.index.Tensor(params.reshape(num_slots, *rest), [slots])
+    if check_bounds:
+        return gathered
+    in_bounds = in_bounds.reshape(in_bounds.shape + (1,) * len(rest))
+    return torch.where(in_bounds, gathered, gathered.new_zeros(()))
+
+
 DECOMPOSITIONS = {
     torch.ops.masked.where.self: _where,
     torch.ops.masked.where.ScalarSelf: _where,
     torch.ops.masked.where.ScalarOther: _where,
     torch.ops.masked.select.default: _select,
+    torch.ops.masked.gather_nd.default: _gather_nd,
 }
 
 # Loaded by the first torch.compile that uses Inductor, after its table.
@@ -158,6 +207,7 @@ def _register(lowering):
     decomposition.fast_random_decomps.cache_clear()
 
 
+_update_cache_tag()
 # Registered when Inductor's lowerings are first imported (by the first
 # torch.compile that uses Inductor): importing Inductor from torch_masked
 # would double its import time (1.4 s more here).

@@ -1,5 +1,5 @@
-// CUDA kernels for masked::scatter_nd, masked::tensor_scatter_nd_add and
-// masked::gather_nd.
+// CUDA kernels for masked::scatter_nd, masked::tensor_scatter_nd_add,
+// masked::gather_nd and its bounds check alone, masked::check_gather_nd_indices.
 //
 // Scatter has three paths:
 // - atomic (the default): one thread per update element, atomically added
@@ -705,6 +705,17 @@ void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Te
   first_bad.raise_if_any("gather_nd", indices, params.sizes());
 }
 
+// The bounds check of gather_into_cuda alone: one thread per index row.
+void check_gather_rows_cuda(const at::Tensor& indices, const NdIndexGeometry& g, at::IntArrayRef params_shape) {
+  const c10::cuda::CUDAGuard guard(indices.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const FirstBadRow first_bad(true, g, indices.device(), stream);
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
+    check_rows_only(g, indices.const_data_ptr<index_t>(), first_bad.device_ptr(), stream);
+  });
+  first_bad.raise_if_any("gather_nd", indices, params_shape);
+}
+
 at::Tensor scatter_nd_cuda(const at::Tensor& indices, const at::Tensor& updates, at::IntArrayRef shape,
                            bool check_bounds) {
   return scatter_add_op("scatter_nd", nullptr, indices, updates, shape, check_bounds, scatter_into_cuda);
@@ -720,12 +731,19 @@ at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, b
   return gather_op(params, indices, check_bounds, gather_into_cuda);
 }
 
+at::Tensor check_gather_nd_indices_cuda(const at::Tensor& indices, at::IntArrayRef params_shape) {
+  return check_gather_nd_indices_op(indices, params_shape, [&](const at::Tensor& rows, const NdIndexGeometry& g) {
+    check_gather_rows_cuda(rows, g, params_shape);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(masked, CUDA, m) {
   m.impl("scatter_nd", &scatter_nd_cuda);
   m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_cuda);
   m.impl("gather_nd", &gather_nd_cuda);
+  m.impl("check_gather_nd_indices", &check_gather_nd_indices_cuda);
 }
 
 }  // namespace cuda

@@ -1,6 +1,7 @@
 """masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add: fake
 kernels and the front doors ``torch_masked.scatter_nd``, ``gather_nd`` and
-``tensor_scatter_nd_add``.
+``tensor_scatter_nd_add``; the fake kernel of gather_nd's bounds check alone,
+masked::check_gather_nd_indices (which torch_masked/compile.py uses).
 
 Each backward is one of the other two ops (scatter <-> gather), in
 csrc/autograd/scatter_nd_autograd.cpp.
@@ -95,6 +96,12 @@ def _gather_nd_fake(params, indices, *, check_bounds=True):
     check_same_device("gather_nd", params=params, indices=indices)
     depth = _check_indices("gather_nd", indices, params.shape, "params.shape")
     return params.new_empty(_rows_shape(indices, params.shape, depth))
+
+
+@torch.library.register_fake("masked::check_gather_nd_indices")
+def _check_gather_nd_indices_fake(indices, params_shape):
+    _check_indices("gather_nd", indices, params_shape, "params.shape")
+    return indices.new_empty((), dtype=torch.int64)
 
 
 def _as_tensor(value, device, dtype=None):
