@@ -613,23 +613,23 @@ def check_out_of_bounds_errors(device):
 def test_check_gather_nd_indices_is_the_bounds_check_of_gather_nd(device):
     # gather_nd's check alone (what its compiled form runs before the fused
     # gather): a 0-d int64 0 where gather_nd would gather, its error where it
-    # would raise. Rows past the first few thousand, in several threads'
-    # parts, two of them bad: the first is named.
+    # would raise. 36000 rows, more than one CPU thread's part (2**15), with
+    # a bad row in two parts: the first is named.
     check = torch.ops.masked.check_gather_nd_indices
     for indices, shape in [
         (torch.tensor([[3, 2], [0, 0]]), [4, 3, 5]),
         (torch.tensor([3, 2], dtype=torch.int32), [4, 3]),  # a single index
         (torch.zeros(0, 2, dtype=torch.int64), [0, 3]),  # no rows: nothing is out of bounds
         (torch.zeros(5, 0, dtype=torch.int64), [2]),  # K = 0
-        (torch.randint(0, 7, (3, 100_000, 1)), [7]),
+        (torch.randint(0, 7, (3, 12_000, 1)), [7]),
     ]:
         checked = check(indices.to(device), shape)
         assert checked.device == indices.to(device).device and checked.dtype == torch.int64
         assert checked.shape == () and checked.item() == 0
     for index_dtype in INDEX_DTYPES:
-        rows = torch.randint(0, 7, (3, 100_000, 1), dtype=index_dtype)
-        rows[2, 90_000], rows[1, 70_000] = -1, 7
-        message = r"gather_nd: expected every index within shape \[7\], got \[7\] at indices\[1, 70000\] "
+        rows = torch.randint(0, 7, (3, 12_000, 1), dtype=index_dtype)
+        rows[2, 9_000], rows[1, 5_000] = -1, 7
+        message = r"gather_nd: expected every index within shape \[7\], got \[7\] at indices\[1, 5000\] "
         with pytest.raises(IndexError, match=message):
             check(rows.to(device), [7])
         with pytest.raises(IndexError, match=message):
