@@ -190,15 +190,16 @@ at::Tensor gather_op(const at::Tensor& params, const at::Tensor& indices, bool c
 }
 
 // masked::check_gather_nd_indices: gather_nd's checks of `indices` against
-// params of shape `params_shape`, with check_rows(indices, geometry) raising
-// for the first row out of bounds, and a 0-d int64 0 to show for it.
+// params of shape `params_shape`, with check_rows(indices, geometry,
+// params_shape) raising for the first row out of bounds (`indices`
+// contiguous), and a 0-d int64 0 to show for it.
 template <typename CheckRows>
 at::Tensor check_gather_nd_indices_op(const at::Tensor& indices, at::IntArrayRef params_shape,
                                       const CheckRows& check_rows) {
   const NdIndexGeometry g = make_geometry("gather_nd", indices, params_shape, "params.shape");
   check_element_aligned("gather_nd", "indices", indices);
   if (g.num_rows > 0) {
-    check_rows(indices.contiguous(), g);
+    check_rows(indices.contiguous(), g, params_shape);
   }
   return uninitialized({}, indices.options().dtype(at::kLong)).zero_();
 }

@@ -626,9 +626,7 @@ at::Tensor gather_nd_cpu(const at::Tensor& params, const at::Tensor& indices, bo
 }
 
 at::Tensor check_gather_nd_indices_cpu(const at::Tensor& indices, at::IntArrayRef params_shape) {
-  return check_gather_nd_indices_op(indices, params_shape, [&](const at::Tensor& rows, const NdIndexGeometry& g) {
-    check_gather_rows_cpu(rows, g, params_shape);
-  });
+  return check_gather_nd_indices_op(indices, params_shape, check_gather_rows_cpu);
 }
 
 }  // namespace

@@ -732,9 +732,7 @@ at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, b
 }
 
 at::Tensor check_gather_nd_indices_cuda(const at::Tensor& indices, at::IntArrayRef params_shape) {
-  return check_gather_nd_indices_op(indices, params_shape, [&](const at::Tensor& rows, const NdIndexGeometry& g) {
-    check_gather_rows_cuda(rows, g, params_shape);
-  });
+  return check_gather_nd_indices_op(indices, params_shape, check_gather_rows_cuda);
 }
 
 }  // namespace
