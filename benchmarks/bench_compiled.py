@@ -135,8 +135,8 @@ def _chains(device, sizes):
                (c[:rows], x_rows, y_rows))
         yield ("gather_nd", "(gather_nd(x, idx)*2+1).sum(), n/10 indices", n, _gather_nd, _native_gather_nd,
                "x[idx[:, 0]]", (x, indices))
-        # The fused gather alone: without the bounds check's pass over the
-        # indices (and its call), which the row above pays for its IndexError.
+        # The fused gather alone: without the bounds check's call after the
+        # loop, which the row above pays for its IndexError.
         yield ("gather_nd unchecked", "(gather_nd(x, idx, check_bounds=False)*2+1).sum(), n/10 indices", n,
                _gather_nd_unchecked, _native_gather_nd, "x[idx[:, 0]]", (x, indices))
         yield ("scatter_nd", SCATTER, n, _scatter_nd, _native_scatter_nd, "zeros.index_put_(accumulate=True)",

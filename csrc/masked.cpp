@@ -42,10 +42,11 @@ TORCH_LIBRARY(masked, m) {
   m.def("scatter_nd(Tensor indices, Tensor updates, SymInt[] shape, *, bool check_bounds=True) -> Tensor");
   m.def("gather_nd(Tensor params, Tensor indices, *, bool check_bounds=True) -> Tensor");
   m.def("tensor_scatter_nd_add(Tensor tensor, Tensor indices, Tensor updates, *, bool check_bounds=True) -> Tensor");
-  // gather_nd's checks of indices against params of shape params_shape,
-  // bounds included, with no gather: a 0-d int64 0 on indices' device, or
-  // gather_nd's error. The gather_nd that Inductor fuses
-  // (torch_masked/compile.py) adds it to its slots, which orders the check
-  // before the gather.
-  m.def("check_gather_nd_indices(Tensor indices, SymInt[] params_shape) -> Tensor");
+  // The raising half of gather_nd's bounds check, for the gather_nd that
+  // Inductor fuses (torch_masked/compile.py): its loop computes
+  // out_of_bounds (a 0-d bool) as it reads the rows; when true, this raises
+  // gather_nd's IndexError, naming the first row of indices out of bounds
+  // of params_shape. It returns nothing, so Inductor keeps it as a side
+  // effect.
+  m.def("check_gather_nd_indices(Tensor indices, SymInt[] params_shape, Tensor out_of_bounds) -> ()");
 }

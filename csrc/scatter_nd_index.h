@@ -190,18 +190,28 @@ at::Tensor gather_op(const at::Tensor& params, const at::Tensor& indices, bool c
 }
 
 // masked::check_gather_nd_indices: gather_nd's checks of `indices` against
-// params of shape `params_shape`, with check_rows(indices, geometry,
-// params_shape) raising for the first row out of bounds (`indices`
-// contiguous), and a 0-d int64 0 to show for it.
-template <typename CheckRows>
-at::Tensor check_gather_nd_indices_op(const at::Tensor& indices, at::IntArrayRef params_shape,
-                                      const CheckRows& check_rows) {
+// params of shape `params_shape`, and, where `out_of_bounds` says a row is
+// out of bounds, raise_first_bad_row(indices, geometry, params_shape)
+// raising for the first (`indices` contiguous).
+template <typename RaiseFirstBadRow>
+void check_gather_nd_indices_op(const at::Tensor& indices, at::IntArrayRef params_shape,
+                                const at::Tensor& out_of_bounds, const RaiseFirstBadRow& raise_first_bad_row) {
+  check_same_device("check_gather_nd_indices", {{"indices", &indices}, {"out_of_bounds", &out_of_bounds}});
   const NdIndexGeometry g = make_geometry("gather_nd", indices, params_shape, "params.shape");
   check_element_aligned("gather_nd", "indices", indices);
-  if (g.num_rows > 0) {
-    check_rows(indices.contiguous(), g, params_shape);
+  MASKED_CHECK_TYPE(out_of_bounds.scalar_type() == at::kBool,
+                    "check_gather_nd_indices: expected out_of_bounds of dtype bool, got ",
+                    dtype_name(out_of_bounds.scalar_type()));
+  MASKED_CHECK_VALUE(out_of_bounds.dim() == 0, "check_gather_nd_indices: expected a 0-d out_of_bounds, got shape ",
+                     out_of_bounds.sizes());
+  if (!out_of_bounds.item<bool>()) {
+    return;
   }
-  return uninitialized({}, indices.options().dtype(at::kLong)).zero_();
+  if (g.num_rows > 0) {
+    raise_first_bad_row(indices.contiguous(), g, params_shape);
+  }
+  MASKED_CHECK_VALUE(false, "check_gather_nd_indices: out_of_bounds is true, but every row of indices is within ",
+                     params_shape);
 }
 
 }  // namespace torch_masked

@@ -287,6 +287,9 @@ def test_index_ops_stay_our_kernels():
 
 GATHER_CALL = "torch.ops.masked.gather_nd.default("
 CHECK_CALL = "torch.ops.masked.check_gather_nd_indices.default("
+# Inductor's own bounds assert on an indirect load, which the fused gather_nd skips.
+INDUCTOR_ASSERT = "index out of bounds"
+KERNEL = "async_compile.cpp_pybinding("  # one per generated C++ kernel
 
 
 def native_gather(params, indices):
@@ -356,7 +359,7 @@ def test_gather_nd_fuses_and_matches_eager(dynamic):
         if rows == 4:
             results, code = run_and_get_code(compiled, *inputs)
             code = "\n".join(code)
-            assert GATHER_CALL not in code and CHECK_CALL in code
+            assert GATHER_CALL not in code and CHECK_CALL in code and INDUCTOR_ASSERT not in code
         else:
             results = compiled(*inputs)
         for result, ours, reference in zip(results, gathers(*inputs), expected_gathers(*inputs), strict=True):
@@ -366,12 +369,14 @@ def test_gather_nd_fuses_and_matches_eager(dynamic):
 
 
 def test_gather_nd_compiled_raises_the_eager_index_error():
-    # The check runs before the fused gather reads anything; each row's first
-    # bad entry, negative or too large, at every depth, is named as in eager.
+    # The fused loop reads only rows clamped into bounds, and notes whether
+    # any row is out of bounds; the check then raises eager's IndexError,
+    # naming each row's first bad entry, negative or too large (far past
+    # params too), at every depth.
     compiled = torch.compile(lambda p, i: (torch_masked.gather_nd(p * 2, i) + 1).sum(-1), fullgraph=True)
     params = torch.randn(4, 5, 6, generator=gen(19))
     good = torch.tensor([[3, 4, 5], [0, 1, 2], [2, 2, 2]])
-    for row, column, value in [(0, 0, 4), (1, 1, -1), (2, 2, 6), (2, 0, -5)]:
+    for row, column, value in [(0, 0, 4), (1, 1, -1), (2, 2, 6), (2, 0, -5), (1, 0, 2**40), (0, 1, -(2**40))]:
         for depth in range(column + 1, 4):
             bad = good.clone()
             bad[row, column] = value
@@ -383,22 +388,39 @@ def test_gather_nd_compiled_raises_the_eager_index_error():
     torch.testing.assert_close(compiled(params, good), ((params * 2)[tuple(good.unbind(-1))] + 1).sum(-1))
 
 
+def test_gather_nd_check_adds_no_pass_to_a_reduction_over_its_rows():
+    # (gather_nd(x, idx) * 2 + 1).sum(): whether a row is out of bounds is
+    # found in the loop that sums the rows, so the graph is that one kernel
+    # and the check's call, as native x[idx] is one kernel.
+    x, indices = torch.randn(50, generator=gen(25)), torch.randint(0, 50, (40, 1), generator=gen(26))
+    result, code = run_and_get_code(
+        torch.compile(lambda x, i: (torch_masked.gather_nd(x, i) * 2 + 1).sum(), fullgraph=True), x, indices
+    )
+    code = "\n".join(code)
+    assert code.count(KERNEL) == 1 and code.count(CHECK_CALL) == 1 and INDUCTOR_ASSERT not in code
+    torch.testing.assert_close(result, (x[indices[:, 0]] * 2 + 1).sum())
+
+
 def test_gather_nd_declined_cases_run_our_kernel():
-    # Complex params, K = 0 (every row is all of params), params with no slots.
-    def chain(complex_params, params, empty, rows, depth_zero, no_rows):
+    # Complex params, K = 0 (every row is all of params), params with no
+    # rows, params whose row count is known only at run time (it may be 0).
+    def chain(complex_params, params, empty, rows, depth_zero, no_rows, mask):
         return (torch_masked.gather_nd(complex_params, rows) * 2, torch_masked.gather_nd(params, depth_zero) + 1,
-                torch_masked.gather_nd(empty, no_rows))
+                torch_masked.gather_nd(empty, no_rows), torch_masked.gather_nd(torch_masked.boolean_mask(params, mask), rows[1:]))
 
     complex_params = make_tensor((5, 2), torch.complex64, "cpu", generator=gen(20))
     params, empty = torch.randn(3, 2, generator=gen(21)), torch.zeros(0, 4)
     rows, depth_zero, no_rows = torch.tensor([[4], [1]]), torch.zeros(3, 0, dtype=torch.int64), torch.zeros(0, 1, dtype=torch.int64)
-    results, code = run_and_get_code(
-        torch.compile(chain, fullgraph=True), complex_params, params, empty, rows, depth_zero, no_rows
-    )
-    assert "\n".join(code).count(GATHER_CALL) == 3
+    mask = torch.tensor([True, False, True])
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        results, code = run_and_get_code(
+            torch.compile(chain, fullgraph=True), complex_params, params, empty, rows, depth_zero, no_rows, mask
+        )
+    assert "\n".join(code).count(GATHER_CALL) == 4
     exact(results[0], complex_params[rows[:, 0]] * 2)
     exact(results[1], params.expand(3, 3, 2) + 1)
     assert results[2].shape == (0, 4)
+    exact(results[3], params[mask][[1]])
 
 
 def test_gather_nd_of_data_dependent_rows_and_compiled_backward():

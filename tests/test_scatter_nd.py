@@ -597,7 +597,7 @@ def check_out_of_bounds_errors(device):
             with pytest.raises(IndexError, match="gather_nd: " + message):
                 torch_masked.gather_nd(torch.zeros(shape, device=device), indices)
             with pytest.raises(IndexError, match="gather_nd: " + message):
-                torch.ops.masked.check_gather_nd_indices(indices, shape)
+                torch.ops.masked.check_gather_nd_indices(indices, shape, torch.tensor(True, device=device))
     # The position is in indices.shape[:-1] coordinates; the first bad row is named.
     indices = torch.tensor([[[0], [1]], [[9], [-2]]], device=device)
     with pytest.raises(IndexError, match=r"got \[9\] at indices\[1, 0\]"):
@@ -610,32 +610,42 @@ def check_out_of_bounds_errors(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_check_gather_nd_indices_is_the_bounds_check_of_gather_nd(device):
-    # gather_nd's check alone (what its compiled form runs before the fused
-    # gather): a 0-d int64 0 where gather_nd would gather, its error where it
-    # would raise. 36000 rows, more than one CPU thread's part (2**15), with
-    # a bad row in two parts: the first is named.
+def test_check_gather_nd_indices_raises_what_gather_nd_raises(device):
+    # The raising half of the compiled gather_nd's bounds check: told by the
+    # fused loop that a row is out of bounds, it names the first one as
+    # gather_nd does; told none is, it returns without reading the rows.
+    # 36000 rows, past one CUDA block and one CPU thread's part, with a bad
+    # row in two places: the first is named.
     check = torch.ops.masked.check_gather_nd_indices
-    for indices, shape in [
-        (torch.tensor([[3, 2], [0, 0]]), [4, 3, 5]),
-        (torch.tensor([3, 2], dtype=torch.int32), [4, 3]),  # a single index
-        (torch.zeros(0, 2, dtype=torch.int64), [0, 3]),  # no rows: nothing is out of bounds
-        (torch.zeros(5, 0, dtype=torch.int64), [2]),  # K = 0
-        (torch.randint(0, 7, (3, 12_000, 1)), [7]),
-    ]:
-        checked = check(indices.to(device), shape)
-        assert checked.device == indices.to(device).device and checked.dtype == torch.int64
-        assert checked.shape == () and checked.item() == 0
+    told, not_told = torch.tensor(True, device=device), torch.tensor(False, device=device)
     for index_dtype in INDEX_DTYPES:
         rows = torch.randint(0, 7, (3, 12_000, 1), dtype=index_dtype)
         rows[2, 9_000], rows[1, 5_000] = -1, 7
+        rows = rows.to(device)
         message = r"gather_nd: expected every index within shape \[7\], got \[7\] at indices\[1, 5000\] "
         with pytest.raises(IndexError, match=message):
-            check(rows.to(device), [7])
+            check(rows, [7], told)
         with pytest.raises(IndexError, match=message):
-            torch_masked.gather_nd(torch.zeros(7, device=device), rows.to(device))
+            torch_masked.gather_nd(torch.zeros(7, device=device), rows)
+        assert check(rows, [7], not_told) is None
+        bad = non_contiguous(torch.tensor([[[0, 1], [4, 2]], [[2, -1], [0, 0]]], dtype=index_dtype).to(device))
         with pytest.raises(IndexError, match=r"got \[2, -1\] at indices\[1, 0\]"):
-            check(non_contiguous(torch.tensor([[[0, 1], [4, 2]], [[2, -1], [0, 0]]], dtype=index_dtype).to(device)), [5, 3])
+            check(bad, [5, 3], told)
+    good = torch.tensor([[3, 2], [0, 0]], device=device)
+    for indices, shape in [
+        (good, [4, 3, 5]),
+        (torch.tensor([3, 2], dtype=torch.int32, device=device), [4, 3]),  # a single index
+        (torch.zeros(0, 2, dtype=torch.int64, device=device), [0, 3]),  # no rows
+        (torch.zeros(5, 0, dtype=torch.int64, device=device), [2]),  # K = 0
+    ]:
+        assert check(indices, shape, not_told) is None
+        # A flag that says out of bounds where no row is: said so, not passed over.
+        with pytest.raises(ValueError, match=r"out_of_bounds is true, but every row of indices is within"):
+            check(indices, shape, told)
+    with pytest.raises(TypeError, match="expected out_of_bounds of dtype bool, got torch.int64"):
+        check(good, [4, 3], torch.tensor(0, device=device))
+    with pytest.raises(ValueError, match=r"expected a 0-d out_of_bounds, got shape \[1\]"):
+        check(good, [4, 3], torch.tensor([False], device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -799,8 +809,8 @@ def sample_inputs(device, requires_grad):
         (ops.gather_nd.default, (floats(4), ints(4, 1)), {"check_bounds": False}),
         (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(4, 5, 1), floats(5, 3)), {}),
         (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(3, 6, 2), floats(6)), {}),
-        (ops.check_gather_nd_indices.default, (ints(4, 5, 2), [4, 4, 3]), {}),
-        (ops.check_gather_nd_indices.default, (ints(3, 2, 1, dtype=torch.int32), [3]), {}),
+        (ops.check_gather_nd_indices.default, (ints(4, 5, 2), [4, 4, 3], torch.tensor(False, device=device)), {}),
+        (ops.check_gather_nd_indices.default, (ints(3, 2, 1, dtype=torch.int32), [3], torch.tensor(False, device=device)), {}),
     ]
 
 
@@ -940,8 +950,10 @@ def bad_calls():
         (ops.tensor_scatter_nd_add.default, (torch.zeros(3), idx, torch.ones(3))),
         (ops.gather_nd.default, (upd, torch.zeros(2, 2, dtype=torch.int64))),
         (ops.gather_nd.default, (upd, idx.double())),
-        (ops.check_gather_nd_indices.default, (torch.zeros(2, 2, dtype=torch.int64), [3])),
-        (ops.check_gather_nd_indices.default, (idx.double(), [3])),
+        (ops.check_gather_nd_indices.default, (torch.zeros(2, 2, dtype=torch.int64), [3], torch.tensor(False))),
+        (ops.check_gather_nd_indices.default, (idx.double(), [3], torch.tensor(False))),
+        (ops.check_gather_nd_indices.default, (idx, [3], torch.tensor(0))),
+        (ops.check_gather_nd_indices.default, (idx, [3], torch.tensor([False]))),
     ]
 
 

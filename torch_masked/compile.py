@@ -1,28 +1,30 @@
 """Our ops inside graphs compiled by Inductor (``torch.compile``'s default
 backend), and the switch that keeps them all opaque there.
 
-``where`` (``where.self``, ``where.ScalarSelf``, ``where.ScalarOther``),
-``select`` and ``gather_nd`` get Inductor decompositions into ``aten.where``
-and ``aten.index``, so that Inductor fuses them with the work around them:
-one loop instead of our kernel reading operands that Inductor first wrote
-out, and writing a result that Inductor then reads back. The decompositions
-live in Inductor's own table (``torch._inductor.decomposition.decompositions``),
-the one it hands AOTAutograd when it lowers a graph, so they apply only
-there: eager calls run our kernels, and ``torch.export`` (hence ONNX export),
-which decomposes with its own table, keeps ``masked::`` ops. They keep our
-semantics exactly: the result dtype is ``torch.result_type(x, y)``, a number
-promotes as ``torch.where``'s wrapped numbers do, ``select``'s row condition
-picks whole rows, the result is a new contiguous tensor, and an index out of
-bounds is gather_nd's IndexError (masked::check_gather_nd_indices, run
-before the fused gather) or, without check_bounds, a row of zeros.
+``where`` (``where.self``, ``where.ScalarSelf``, ``where.ScalarOther``) and
+``select`` get Inductor decompositions into ``aten.where``, and
+``gather_nd`` an Inductor lowering (a loop of Inductor's own IR), so that
+Inductor fuses them with the work around them: one loop instead of our
+kernel reading operands that Inductor first wrote out, and writing a result
+that Inductor then reads back. Both live in Inductor's own tables
+(``torch._inductor.decomposition.decompositions``, the one it hands
+AOTAutograd when it lowers a graph, and ``torch._inductor.lowering.lowerings``),
+so they apply only there: eager calls run our kernels, and ``torch.export``
+(hence ONNX export), which decomposes with its own table, keeps ``masked::``
+ops. They keep our semantics exactly: the result dtype is
+``torch.result_type(x, y)``, a number promotes as ``torch.where``'s wrapped
+numbers do, ``select``'s row condition picks whole rows, the result is a new
+contiguous tensor, and an index out of bounds is gather_nd's IndexError
+(masked::check_gather_nd_indices, told by the fused loop) or, without
+check_bounds, a row of zeros.
 
-A decomposition declines (returns ``NotImplemented``, so the op stays our
-kernel) where Inductor would not keep our behaviour: a dtype outside
-``FUSED_DTYPES``, a number that does not fit the result dtype (our kernel
-raises for it, as eager ``torch.where`` does), a number known only at run
-time (its range cannot be checked), and where's and select's shapes holding
-sizes known only at run time (from ``nonzero`` or ``boolean_mask``), whose
-mismatch our kernel reports by name.
+A decomposition or lowering declines (the op stays our kernel) where
+Inductor would not keep our behaviour: a dtype outside ``FUSED_DTYPES``, a
+number that does not fit the result dtype (our kernel raises for it, as
+eager ``torch.where`` does), a number known only at run time (its range
+cannot be checked), and where's and select's shapes holding sizes known only
+at run time (from ``nonzero`` or ``boolean_mask``), whose mismatch our
+kernel reports by name; for gather_nd, see ``_gather_nd_lowering``.
 
 ``scatter_nd``, ``tensor_scatter_nd_add``, ``boolean_mask`` and ``nonzero``
 stay our kernels inside compiled graphs, on every device: ``boolean_mask``
@@ -34,13 +36,15 @@ out-of-range index is not our IndexError naming the row (on CUDA it is a
 device assert), and sums follow the order of atomic adds.
 """
 import contextlib
+import functools
 import hashlib
 import math
 import pathlib
 
+import sympy
 import torch
 from torch._library.utils import get_layout_constraint_tag
-from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, has_free_unbacked_symbols
 
 from ._after_import import when_imported
 
@@ -54,8 +58,8 @@ FUSED_DTYPES = frozenset(
 _opaque = False
 # Inductor's and AOTAutograd's on-disk caches key a graph as it is before
 # decomposition, with torch's version but not ours: a graph compiled with
-# other decompositions (an older torch_masked, or the opaque switch) would be
-# served as it was. So torch.compiler.config.cache_key_tag carries a
+# other decompositions or lowerings (an older torch_masked, or the opaque
+# switch) would be served as it was. So torch.compiler.config.cache_key_tag carries a
 # fingerprint of this module, which holds them all, and the switch.
 _FINGERPRINT = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]
 _cache_tag = ""  # what is appended to cache_key_tag now
@@ -148,37 +152,105 @@ def _select(condition, x, y):
     return _where(condition, x, y)
 
 
-def _gather_nd(params, indices, *, check_bounds=True):
-    """masked::gather_nd as aten.index of params' leading K dimensions, flat:
-    Inductor fuses the gather into the loop of what reads its result, and
-    what computes params into the gather (only the rows read). With
-    check_bounds, masked::check_gather_nd_indices raises gather_nd's
-    IndexError first: its result, a 0 added to the slots, keeps it before the
-    loop, whose indices are then all in bounds (Inductor's own wrap of
-    negative indices and its bounds assert never fire). Without, each index
-    is clamped and rows out of bounds read as zeros, as in our kernel. K = 0
-    (every row is all of params) and params without slots stay our kernel."""
-    depth = indices.shape[-1]
-    lead, rest = params.shape[:depth], params.shape[depth:]
-    num_slots = math.prod(lead)
-    if _opaque or params.dtype not in FUSED_DTYPES or depth == 0 or num_slots == 0:
-        return NotImplemented
-    slots, in_bounds = None, None
-    for size, column in zip(lead, indices.unbind(-1)):
-        column = column.to(torch.int64)
-        if not check_bounds:
-            column_in_bounds = (column >= 0) & (column < size)
-            in_bounds = column_in_bounds if in_bounds is None else in_bounds & column_in_bounds
-            column = column.clamp(0, size - 1)
-        slots = column if slots is None else slots * size + column
-    if check_bounds:
-        slots = slots + torch.ops.masked.check_gather_nd_indices(indices, list(params.shape))
-    # aten.index itself: Python's indexing would read a 0-d index (one row) as a number.
-    gathered = torch.ops.aten.index.Tensor(params.reshape(num_slots, *rest), [slots])
-    if check_bounds:
-        return gathered
-    in_bounds = in_bounds.reshape(in_bounds.shape + (1,) * len(rest))
-    return torch.where(in_bounds, gathered, gathered.new_zeros(()))
+def _gather_nd_lowering(lowering):
+    """masked::gather_nd as Inductor's own loop, and the op's call where it
+    declines.
+
+    The gather is a pointwise node that reads each index row and loads its
+    row of params; Inductor fuses it into the loop of what reads its result,
+    and what computes params into it (only the rows read). Its loads use
+    indices clamped into bounds and skip Inductor's own wrap of negative
+    indices and its bounds assert (which would raise a RuntimeError naming
+    neither the op nor the row), so its loop does less than native
+    ``x[idx]``'s. With check_bounds, whether a row is out of bounds is a
+    reduction over the same rows (the least of their row_signs), which
+    Inductor computes in the same loop where the reader reduces over them
+    too (a sum over the gathered rows), else in a pass of its own; then
+    masked::check_gather_nd_indices raises gather_nd's IndexError if so (once
+    that loop has run, as Inductor's own asserts raise from inside theirs).
+    Without check_bounds, rows out of bounds read as zeros, as in our
+    kernel.
+
+    It declines (our kernel) for K = 0 or a K known only at run time, a
+    dtype outside FUSED_DTYPES, params with a leading dimension of size 0
+    (no row to clamp into) or one known only at run time (it may be 0)."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import ops
+
+    gather_nd = torch.ops.masked.gather_nd.default
+    call_ours = lowering.fallback_handler(gather_nd, add_to_fallback_set=False)
+    raise_if_out_of_bounds = lowering.fallback_handler(
+        torch.ops.masked.check_gather_nd_indices.default, add_to_fallback_set=False
+    )
+
+    def lower(params, indices, *, check_bounds=True):
+        index_shape, params_shape = list(indices.get_size()), list(params.get_size())
+        depth = index_shape[-1]
+        if (
+            _opaque
+            or params.get_dtype() not in FUSED_DTYPES
+            or not isinstance(depth, (int, sympy.Integer))
+            or depth == 0
+            or any(size == 0 or free_unbacked_symbols(size) for size in params_shape[: int(depth)])
+        ):
+            return call_ours(params, indices, check_bounds=check_bounds)
+        depth = int(depth)
+        rows, sizes, rest = index_shape[:-1], params_shape[:depth], params_shape[depth:]
+        load_index, load_params = indices.make_loader(), params.make_loader()
+        dtype = params.get_dtype()
+
+        def entries(row):
+            """The row's entries as int64, each with its size."""
+            for column, size in enumerate(sizes):
+                yield ops.to_dtype(load_index([*row, sympy.Integer(column)]), torch.int64), size
+
+        def row_signs(row):
+            """Negative iff the row is out of bounds: the OR over its entries v
+            of v | (size - 1 - v), one of which is negative iff v is outside
+            [0, size). Integer arithmetic only, which Inductor's vectorised
+            C++ keeps in registers, where a chain of comparisons would
+            convert masks between widths."""
+            signs = [ops.bitwise_or(v, ops.sub(ops.index_expr(size - 1, torch.int64), v)) for v, size in entries(row)]
+            return functools.reduce(ops.bitwise_or, signs)
+
+        def gathered(position):
+            row, within = position[: len(rows)], position[len(rows) :]
+            where = []
+            for entry, size in entries(row):
+                clamped = ops.maximum(
+                    ops.minimum(entry, ops.index_expr(size - 1, torch.int64)), ops.constant(0, torch.int64)
+                )
+                where.append(ops.indirect_indexing(clamped, size, check=False, wrap_neg=False))
+            value = load_params([*where, *within])
+            if check_bounds:
+                return value
+            in_bounds = ops.ge(row_signs(row), ops.constant(0, torch.int64))
+            return ops.where(in_bounds, value, ops.constant(0, dtype))
+
+        if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
+            lowest = ir.Reduction.create(
+                device=indices.get_device(),
+                dst_dtype=torch.int64,
+                src_dtype=torch.int64,
+                inner_fn=lambda _, row: row_signs(row),
+                ranges=[],
+                reduction_ranges=rows,
+                reduction_type="min",
+            )
+            lowest.realize()  # a reduction is read through its buffer
+            load_lowest = lowest.make_loader()
+            out_of_bounds = ir.Pointwise.create(
+                device=indices.get_device(),
+                dtype=torch.bool,
+                inner_fn=lambda scalar: ops.lt(load_lowest(scalar), ops.constant(0, torch.int64)),
+                ranges=[],
+            )
+            raise_if_out_of_bounds(indices, params_shape, out_of_bounds)
+        return ir.Pointwise.create(
+            device=params.get_device(), dtype=dtype, inner_fn=gathered, ranges=[*rows, *rest]
+        )
+
+    return lower
 
 
 DECOMPOSITIONS = {
@@ -186,7 +258,6 @@ DECOMPOSITIONS = {
     torch.ops.masked.where.ScalarSelf: _where,
     torch.ops.masked.where.ScalarOther: _where,
     torch.ops.masked.select.default: _select,
-    torch.ops.masked.gather_nd.default: _gather_nd,
 }
 
 # Loaded by the first torch.compile that uses Inductor, after its table.
@@ -203,10 +274,16 @@ def _register(lowering):
         # does so on its own only for ops without a decomposition.
         layout = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
         lowering.make_fallback(op, layout_constraint=layout, warn=False, override_decomp=True)
+    lowering.register_lowering(torch.ops.masked.gather_nd.default, type_promotion_kind=None)(
+        _gather_nd_lowering(lowering)
+    )
     # select_decomp_table() hands out a cached copy of the table.
     decomposition.fast_random_decomps.cache_clear()
 
 
+# It returns nothing and only raises: without this, Inductor would drop its
+# call as unused.
+torch.fx.node.has_side_effect(torch.ops.masked.check_gather_nd_indices.default)
 _update_cache_tag()
 # Registered when Inductor's lowerings are first imported (by the first
 # torch.compile that uses Inductor): importing Inductor from torch_masked

@@ -145,6 +145,9 @@ TORCH_LIBRARY_IMPL(masked, Autograd, m) {
   m.impl("scatter_nd", &scatter_nd_autograd);
   m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_autograd);
   m.impl("gather_nd", &gather_nd_autograd);
+  // Nothing to differentiate (it returns nothing): passed through, where the
+  // boxed fallback for ops without a formula would cost a few µs a call.
+  m.impl("check_gather_nd_indices", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace torch_masked

@@ -1,5 +1,6 @@
 // CPU kernels for masked::scatter_nd, masked::tensor_scatter_nd_add,
-// masked::gather_nd and its bounds check alone, masked::check_gather_nd_indices.
+// masked::gather_nd and the raising half of its compiled bounds check,
+// masked::check_gather_nd_indices.
 //
 // Scatter: the output (M slots of S elements) is split into one block per
 // thread, by slot ranges (and by column ranges when there are fewer slots
@@ -555,59 +556,17 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
   }
 }
 
-// Whether index rows [begin, end) are all in bounds, with no branch per row:
-// an entry v is within [0, size) iff neither v nor size - 1 - v is negative,
-// so the OR of all those (unsigned, where the subtraction wraps) has its top
-// bit clear. A loop of subtractions and ORs, which the compiler vectorises.
-template <bool kDepthOne, typename index_t>
-bool rows_in_bounds(const NdIndexGeometry& g, const index_t* indices, int64_t begin, int64_t end) {
-  uint64_t signs = 0;
-  if constexpr (kDepthOne) {
-    const uint64_t last = static_cast<uint64_t>(g.slot_sizes[0] - 1);
-    for (int64_t n = begin; n < end; ++n) {
-      const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(indices[n]));
-      signs |= v | (last - v);
-    }
-  } else {
-    for (int64_t n = begin; n < end; ++n) {
-      for (int64_t j = 0; j < g.depth; ++j) {
-        const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(indices[n * g.depth + j]));
-        signs |= v | (static_cast<uint64_t>(g.slot_sizes[j] - 1) - v);
-      }
-    }
-  }
-  return (signs >> 63) == 0;
-}
-
-// The bounds check of gather_into_cpu alone: each thread tests its rows
-// with rows_in_bounds, and looks for the first bad one only if there is one.
-void check_gather_rows_cpu(const at::Tensor& indices, const NdIndexGeometry& g, at::IntArrayRef params_shape) {
-  std::atomic<int64_t> first_bad{g.num_rows};
+// The first index row out of bounds, found for its error: one thread, as
+// only a compiled gather that has already seen a bad row asks.
+void raise_first_bad_row_cpu(const at::Tensor& indices, const NdIndexGeometry& g, at::IntArrayRef params_shape) {
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
     const index_t* index_data = indices.const_data_ptr<index_t>();
-    const auto check_rows = [&](auto depth_one, int64_t begin, int64_t end) {
-      constexpr bool kDepthOne = decltype(depth_one)::value;
-      if (rows_in_bounds<kDepthOne>(g, index_data, begin, end)) {
-        return;
+    for (int64_t n = 0; n < g.num_rows; ++n) {
+      if (slot_of<false>(g, index_data + n * g.depth) < 0) {
+        raise_out_of_bounds("gather_nd", indices, n, params_shape);
       }
-      for (int64_t n = begin; n < end; ++n) {
-        if (slot_of<kDepthOne>(g, index_data + n * g.depth) < 0) {
-          note_bad_row(first_bad, n);
-          return;
-        }
-      }
-    };
-    at::parallel_for(0, g.num_rows, kSerialWork, [&](int64_t begin, int64_t end) {
-      if (g.depth == 1) {
-        check_rows(std::true_type{}, begin, end);
-      } else {
-        check_rows(std::false_type{}, begin, end);
-      }
-    });
+    }
   });
-  if (first_bad.load() < g.num_rows) {
-    raise_out_of_bounds("gather_nd", indices, first_bad.load(), params_shape);
-  }
 }
 
 at::Tensor scatter_nd_cpu(const at::Tensor& indices, const at::Tensor& updates, at::IntArrayRef shape,
@@ -625,8 +584,9 @@ at::Tensor gather_nd_cpu(const at::Tensor& params, const at::Tensor& indices, bo
   return gather_op(params, indices, check_bounds, gather_into_cpu);
 }
 
-at::Tensor check_gather_nd_indices_cpu(const at::Tensor& indices, at::IntArrayRef params_shape) {
-  return check_gather_nd_indices_op(indices, params_shape, check_gather_rows_cpu);
+void check_gather_nd_indices_cpu(const at::Tensor& indices, at::IntArrayRef params_shape,
+                                 const at::Tensor& out_of_bounds) {
+  check_gather_nd_indices_op(indices, params_shape, out_of_bounds, raise_first_bad_row_cpu);
 }
 
 }  // namespace

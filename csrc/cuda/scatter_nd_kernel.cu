@@ -1,5 +1,6 @@
 // CUDA kernels for masked::scatter_nd, masked::tensor_scatter_nd_add,
-// masked::gather_nd and its bounds check alone, masked::check_gather_nd_indices.
+// masked::gather_nd and the raising half of its compiled bounds check,
+// masked::check_gather_nd_indices.
 //
 // Scatter has three paths:
 // - atomic (the default): one thread per update element, atomically added
@@ -705,8 +706,9 @@ void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Te
   first_bad.raise_if_any("gather_nd", indices, params.sizes());
 }
 
-// The bounds check of gather_into_cuda alone: one thread per index row.
-void check_gather_rows_cuda(const at::Tensor& indices, const NdIndexGeometry& g, at::IntArrayRef params_shape) {
+// The first index row out of bounds, found for its error by gather_nd's own
+// row check: one thread per index row.
+void raise_first_bad_row_cuda(const at::Tensor& indices, const NdIndexGeometry& g, at::IntArrayRef params_shape) {
   const c10::cuda::CUDAGuard guard(indices.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const FirstBadRow first_bad(true, g, indices.device(), stream);
@@ -731,8 +733,9 @@ at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, b
   return gather_op(params, indices, check_bounds, gather_into_cuda);
 }
 
-at::Tensor check_gather_nd_indices_cuda(const at::Tensor& indices, at::IntArrayRef params_shape) {
-  return check_gather_nd_indices_op(indices, params_shape, check_gather_rows_cuda);
+void check_gather_nd_indices_cuda(const at::Tensor& indices, at::IntArrayRef params_shape,
+                                  const at::Tensor& out_of_bounds) {
+  check_gather_nd_indices_op(indices, params_shape, out_of_bounds, raise_first_bad_row_cuda);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 """masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add: fake
 kernels and the front doors ``torch_masked.scatter_nd``, ``gather_nd`` and
-``tensor_scatter_nd_add``; the fake kernel of gather_nd's bounds check alone,
-masked::check_gather_nd_indices (which torch_masked/compile.py uses).
+``tensor_scatter_nd_add``; the fake kernel of the raising half of
+gather_nd's compiled bounds check, masked::check_gather_nd_indices (which
+torch_masked/compile.py calls).
 
 Each backward is one of the other two ops (scatter <-> gather), in
 csrc/autograd/scatter_nd_autograd.cpp.
@@ -99,9 +100,15 @@ def _gather_nd_fake(params, indices, *, check_bounds=True):
 
 
 @torch.library.register_fake("masked::check_gather_nd_indices")
-def _check_gather_nd_indices_fake(indices, params_shape):
+def _check_gather_nd_indices_fake(indices, params_shape, out_of_bounds):
+    check_same_device("check_gather_nd_indices", indices=indices, out_of_bounds=out_of_bounds)
     _check_indices("gather_nd", indices, params_shape, "params.shape")
-    return indices.new_empty((), dtype=torch.int64)
+    if out_of_bounds.dtype != torch.bool:
+        raise TypeError(f"check_gather_nd_indices: expected out_of_bounds of dtype bool, got {out_of_bounds.dtype}")
+    if out_of_bounds.dim() != 0:
+        raise ValueError(
+            f"check_gather_nd_indices: expected a 0-d out_of_bounds, got shape {list(out_of_bounds.shape)}"
+        )
 
 
 def _as_tensor(value, device, dtype=None):
