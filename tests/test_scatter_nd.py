@@ -614,8 +614,8 @@ def test_check_gather_nd_indices_raises_what_gather_nd_raises(device):
     # The raising half of the compiled gather_nd's bounds check: told by the
     # fused loop that a row is out of bounds, it names the first one as
     # gather_nd does; told none is, it returns without reading the rows.
-    # 36000 rows, past one CUDA block and one CPU thread's part, with a bad
-    # row in two places: the first is named.
+    # 36000 rows, past one CUDA block, with a bad row in two places: the
+    # first is named.
     check = torch.ops.masked.check_gather_nd_indices
     told, not_told = torch.tensor(True, device=device), torch.tensor(False, device=device)
     for index_dtype in INDEX_DTYPES:

@@ -59,8 +59,8 @@ _opaque = False
 # Inductor's and AOTAutograd's on-disk caches key a graph as it is before
 # decomposition, with torch's version but not ours: a graph compiled with
 # other decompositions or lowerings (an older torch_masked, or the opaque
-# switch) would be served as it was. So torch.compiler.config.cache_key_tag carries a
-# fingerprint of this module, which holds them all, and the switch.
+# switch) would be served as it was. So torch.compiler.config.cache_key_tag
+# carries a fingerprint of this module, which holds them all, and the switch.
 _FINGERPRINT = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]
 _cache_tag = ""  # what is appended to cache_key_tag now
 
@@ -201,22 +201,23 @@ def _gather_nd_lowering(lowering):
 
         def entries(row):
             """The row's entries as int64, each with its size."""
-            for column, size in enumerate(sizes):
-                yield ops.to_dtype(load_index([*row, sympy.Integer(column)]), torch.int64), size
+            return [(ops.to_dtype(load_index([*row, sympy.Integer(column)]), torch.int64), size)
+                    for column, size in enumerate(sizes)]
 
-        def row_signs(row):
+        def row_signs(row_entries):
             """Negative iff the row is out of bounds: the OR over its entries v
             of v | (size - 1 - v), one of which is negative iff v is outside
             [0, size). Integer arithmetic only, which Inductor's vectorised
             C++ keeps in registers, where a chain of comparisons would
             convert masks between widths."""
-            signs = [ops.bitwise_or(v, ops.sub(ops.index_expr(size - 1, torch.int64), v)) for v, size in entries(row)]
+            signs = [ops.bitwise_or(v, ops.sub(ops.index_expr(size - 1, torch.int64), v)) for v, size in row_entries]
             return functools.reduce(ops.bitwise_or, signs)
 
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
+            row_entries = entries(row)
             where = []
-            for entry, size in entries(row):
+            for entry, size in row_entries:
                 clamped = ops.maximum(
                     ops.minimum(entry, ops.index_expr(size - 1, torch.int64)), ops.constant(0, torch.int64)
                 )
@@ -224,7 +225,7 @@ def _gather_nd_lowering(lowering):
             value = load_params([*where, *within])
             if check_bounds:
                 return value
-            in_bounds = ops.ge(row_signs(row), ops.constant(0, torch.int64))
+            in_bounds = ops.ge(row_signs(row_entries), ops.constant(0, torch.int64))
             return ops.where(in_bounds, value, ops.constant(0, dtype))
 
         if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
@@ -232,7 +233,7 @@ def _gather_nd_lowering(lowering):
                 device=indices.get_device(),
                 dst_dtype=torch.int64,
                 src_dtype=torch.int64,
-                inner_fn=lambda _, row: row_signs(row),
+                inner_fn=lambda _, row: row_signs(entries(row)),
                 ranges=[],
                 reduction_ranges=rows,
                 reduction_type="min",
