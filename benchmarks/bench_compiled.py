@@ -4,7 +4,10 @@ against the same chain with the native equivalent, both
 fuses ``where``, ``select`` and ``gather_nd`` itself (torch_masked/compile.py);
 the other ops stay our kernels there, and these rows are the measurement
 that decides it (``torch_masked.compile.opaque()`` gives the other side)."""
+import re
+
 import torch
+from torch._inductor.utils import run_and_get_code
 
 import torch_masked
 from harness import Case
@@ -24,15 +27,30 @@ def _compiled(fn):
     return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
+def _generated(fn, args):
+    """What Inductor generated for fn: its kernels' sources, kernel names left
+    out, and the library calls its wrapper makes."""
+    _, modules = run_and_get_code(fn, *args)
+    kernels = sorted(re.sub(r"\b(cpp|triton)_\w+", "kernel", source)
+                     for module in modules for source in re.findall(r"'''(.*?)'''", module, re.S))
+    calls = [call for module in modules for call in re.findall(r"\b(torch\.ops\.[\w.]+|extern_kernels\.\w+)\(", module)]
+    return kernels, calls
+
+
 def _case(op, name, n, ours, native, native_name, args):
     ours, native = _compiled(ours), _compiled(native)
     # Compiled here, before the timing; the native boolean mask and nonzero
     # make sizes known only at run time, which Dynamo captures when asked.
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        # Where both sides run the same code, their ratio is the harness's
+        # spread (benchmarks/METHODS.md), and the row says so.
+        same_code = _generated(ours, args) == _generated(native, args)
+        # run_and_get_code starts Dynamo afresh: ours is compiled again, from
+        # Inductor's cache.
         ours(*args), native(*args)
     return Case(
         "compiled",
-        f"{op}: {name} {n:.0e}",
+        f"{op}: {name} {n:.0e}" + (" (same code)" if same_code else ""),
         lambda: ours(*args),
         lambda: native(*args),
         native_name,

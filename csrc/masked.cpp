@@ -42,6 +42,10 @@ TORCH_LIBRARY(masked, m) {
   m.def("scatter_nd(Tensor indices, Tensor updates, SymInt[] shape, *, bool check_bounds=True) -> Tensor");
   m.def("gather_nd(Tensor params, Tensor indices, *, bool check_bounds=True) -> Tensor");
   m.def("tensor_scatter_nd_add(Tensor tensor, Tensor indices, Tensor updates, *, bool check_bounds=True) -> Tensor");
+  // Its in-place form, for compiled graphs (torch_masked/compile.py): the sums
+  // written into `tensor`, where Inductor finds nothing else reads it. No
+  // gradient (it refuses tensors that require one).
+  m.def("tensor_scatter_nd_add_(Tensor(a!) tensor, Tensor indices, Tensor updates, *, bool check_bounds=True) -> ()");
   // The raising half of gather_nd's bounds check, for the gather_nd that
   // Inductor fuses (torch_masked/compile.py): its loop computes
   // out_of_bounds (a 0-d bool) as it reads the rows; when true, this raises

@@ -1,5 +1,5 @@
 // Index math shared by the CPU and CUDA kernels of masked::scatter_nd,
-// masked::gather_nd and masked::tensor_scatter_nd_add.
+// masked::gather_nd and masked::tensor_scatter_nd_add (and its in-place form).
 //
 // The indices are N rows of K entries (N = prod(indices.shape[:-1]),
 // K = indices.shape[-1]). Row n picks a "slot" of the target of shape `shape`:
@@ -10,6 +10,7 @@
 
 #include "common.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
@@ -136,15 +137,12 @@ inline bool is_addable(at::ScalarType dtype) {
   }
 }
 
-// scatter_into(op, tensor, shape, indices, updates, geometry, check_bounds)
-// returns a new contiguous tensor of `shape`: `tensor` (zeros when null) plus
-// the updates; `indices` and `updates` are contiguous. It raises via
-// raise_out_of_bounds when check_bounds is set, else drops rows that are out
-// of bounds.
-template <typename ScatterInto>
-at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Tensor& indices,
-                          const at::Tensor& updates, at::IntArrayRef shape, bool check_bounds,
-                          const ScatterInto& scatter_into) {
+// The checks scatter_nd and tensor_scatter_nd_add (`tensor` non-null) make
+// of their operands before any work, and the geometry of `indices` in a
+// target of `shape`.
+inline NdIndexGeometry check_scatter_add_operands(const char* op, const at::Tensor* tensor,
+                                                  const at::Tensor& indices, const at::Tensor& updates,
+                                                  at::IntArrayRef shape) {
   if (tensor != nullptr) {
     check_same_device(op, {{"tensor", tensor}, {"indices", &indices}, {"updates", &updates}});
   } else {
@@ -170,7 +168,52 @@ at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Te
   }
   check_element_aligned(op, "indices", indices);
   check_element_aligned(op, "updates", updates);
-  return scatter_into(op, tensor, shape, indices.contiguous(), updates.contiguous(), g, check_bounds);
+  return g;
+}
+
+// scatter_into(op, tensor, shape, indices, updates, geometry, check_bounds,
+// in_place) returns a contiguous tensor of `shape`: `tensor` (zeros when
+// null) plus the updates; `indices` and `updates` are contiguous. In place,
+// that tensor is `*tensor` itself (contiguous, overlapping neither
+// operand), else a new one. It raises via raise_out_of_bounds when
+// check_bounds is set, else drops rows that are out of bounds.
+template <typename ScatterInto>
+at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Tensor& indices,
+                          const at::Tensor& updates, at::IntArrayRef shape, bool check_bounds,
+                          const ScatterInto& scatter_into) {
+  const NdIndexGeometry g = check_scatter_add_operands(op, tensor, indices, updates, shape);
+  return scatter_into(op, tensor, shape, indices.contiguous(), updates.contiguous(), g, check_bounds,
+                      /*in_place=*/false);
+}
+
+// masked::tensor_scatter_nd_add_: tensor_scatter_nd_add's sums written into
+// `tensor` itself (a non-contiguous one gets them copied in). Its errors
+// name tensor_scatter_nd_add, the op a compiled graph was written with.
+template <typename ScatterInto>
+void tensor_scatter_nd_add_in_place_op(const at::Tensor& tensor, const at::Tensor& indices,
+                                       const at::Tensor& updates, bool check_bounds,
+                                       const ScatterInto& scatter_into) {
+  constexpr const char* op = "tensor_scatter_nd_add";
+  const NdIndexGeometry g = check_scatter_add_operands(op, &tensor, indices, updates, tensor.sizes());
+  MASKED_CHECK_VALUE(at::has_internal_overlap(tensor) != at::MemOverlap::Yes,
+                     "tensor_scatter_nd_add_: expected a tensor whose elements are each stored once, got strides ",
+                     tensor.strides(), " for shape ", tensor.sizes());
+  for (const auto& [name, operand] : {std::pair<const char*, const at::Tensor*>{"indices", &indices},
+                                      std::pair<const char*, const at::Tensor*>{"updates", &updates}}) {
+    // Views of one storage whose layouts get_overlap_status cannot compare
+    // (not dense) are refused too.
+    MASKED_CHECK_VALUE(!tensor.is_alias_of(*operand) ||
+                           at::get_overlap_status(tensor, *operand) == at::MemOverlapStatus::No,
+                       "tensor_scatter_nd_add_: expected ", name, " apart from tensor in memory, as the sums are ",
+                       "written into tensor");
+  }
+  if (tensor.is_contiguous()) {
+    scatter_into(op, &tensor, tensor.sizes(), indices.contiguous(), updates.contiguous(), g, check_bounds,
+                 /*in_place=*/true);
+  } else {
+    tensor.copy_(scatter_into(op, &tensor, tensor.sizes(), indices.contiguous(), updates.contiguous(), g,
+                              check_bounds, /*in_place=*/false));
+  }
 }
 
 // gather_into(output, params, indices, geometry, check_bounds) fills

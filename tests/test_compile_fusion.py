@@ -285,6 +285,89 @@ def test_index_ops_stay_our_kernels():
     exact(positions, torch.nonzero(mask))
 
 
+FUNCTIONAL_ADD = "torch.ops.masked.tensor_scatter_nd_add.default("
+IN_PLACE_ADD = "torch.ops.masked.tensor_scatter_nd_add_.default("
+
+
+def add_into_doubled(tensor, indices, updates):
+    return torch_masked.tensor_scatter_nd_add(tensor * 2, indices, updates) + 1
+
+
+def test_tensor_scatter_nd_add_adds_into_a_buffer_the_graph_made():
+    # Elements and slices, K = 1 and 2, every kind of dtype; eager runs the
+    # same kernel into a new output, so the sums are the same bits.
+    for dtype, shape, depth in [(torch.float32, (40,), 1), (torch.bfloat16, (6, 5, 3), 2), (torch.int64, (9, 4), 1),
+                                (torch.uint8, (7,), 1), (torch.float64, (5, 2), 2)]:
+        tensor = make_tensor(shape, dtype, "cpu", generator=gen(19))
+        indices = torch.stack([torch.randint(size, (30,), generator=gen(20)) for size in shape[:depth]], dim=1)
+        updates = make_tensor((30, *shape[depth:]), dtype, "cpu", generator=gen(21))
+        before = tensor.clone()
+        result, code = run_and_get_code(torch.compile(add_into_doubled, fullgraph=True), tensor, indices, updates)
+        code = "\n".join(code)
+        assert IN_PLACE_ADD in code and FUNCTIONAL_ADD not in code, dtype
+        exact(result, add_into_doubled(tensor, indices, updates))
+        exact(tensor, before)
+    # An index out of bounds is the eager IndexError.
+    bad = indices.clone()
+    bad[4, 1] = -1
+    with pytest.raises(IndexError) as eager:
+        add_into_doubled(tensor, bad, updates)
+    with pytest.raises(IndexError) as compiled:
+        torch.compile(add_into_doubled, fullgraph=True)(tensor, bad, updates)
+    assert str(compiled.value) == str(eager.value) and "at indices[4]" in str(eager.value)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["large", "dynamic"])
+def test_tensor_scatter_nd_add_copies_into_a_new_output_past_the_cpu_limit(dynamic):
+    # Past IN_PLACE_CPU_BYTES, or of a size known only at run time, the CPU
+    # keeps the copy (compile.py says why).
+    rows = torch_masked.compile.IN_PLACE_CPU_BYTES // 4 + 1 if not dynamic else 50
+    tensor, indices = torch.randn(rows, generator=gen(25)), torch.randint(rows, (20, 1), generator=gen(26))
+    updates = torch.randn(20, generator=gen(27))
+    result, code = run_and_get_code(
+        torch.compile(add_into_doubled, fullgraph=True, dynamic=dynamic), tensor, indices, updates
+    )
+    assert FUNCTIONAL_ADD in "\n".join(code) and IN_PLACE_ADD not in "\n".join(code)
+    exact(result, add_into_doubled(tensor, indices, updates))
+
+
+def test_tensor_scatter_nd_add_copies_a_tensor_read_elsewhere():
+    def read_after(tensor, indices, updates):
+        doubled = tensor * 2
+        return torch_masked.tensor_scatter_nd_add(doubled, indices, updates) + doubled
+
+    def graph_input(tensor, indices, updates):
+        return torch_masked.tensor_scatter_nd_add(tensor, indices, updates) * 3
+
+    tensor, indices, updates = torch.randn(10, generator=gen(22)), torch.tensor([[3], [0], [3]]), torch.randn(3)
+    before = tensor.clone()
+    for chain in (read_after, graph_input):
+        result, code = run_and_get_code(torch.compile(chain, fullgraph=True), tensor, indices, updates)
+        code = "\n".join(code)
+        assert FUNCTIONAL_ADD in code and IN_PLACE_ADD not in code
+        exact(result, chain(tensor, indices, updates))
+        exact(tensor, before)
+    # The opaque switch keeps the calls of eager too.
+    with torch_masked.compile.opaque():
+        result, code = run_and_get_code(torch.compile(add_into_doubled, fullgraph=True), tensor, indices, updates)
+    assert FUNCTIONAL_ADD in "\n".join(code) and IN_PLACE_ADD not in "\n".join(code)
+    exact(result, add_into_doubled(tensor, indices, updates))
+
+
+def test_tensor_scatter_nd_add_in_place_in_a_compiled_training_step():
+    def loss(weight, indices, updates):
+        return (torch_masked.tensor_scatter_nd_add(weight * 2, indices, updates) ** 2).sum()
+
+    weight = torch.randn(12, 3, generator=gen(23), requires_grad=True)
+    updates = torch.randn(5, 3, generator=gen(24), requires_grad=True)
+    indices = torch.tensor([[2], [7], [2], [0], [11]])
+    expected = torch.autograd.grad(loss(weight, indices, updates), (weight, updates))
+    compiled, code = run_and_get_code(torch.compile(loss, fullgraph=True), weight, indices, updates)
+    assert IN_PLACE_ADD in "\n".join(code)
+    for actual, wanted in zip(torch.autograd.grad(compiled, (weight, updates)), expected):
+        torch.testing.assert_close(actual, wanted)
+
+
 GATHER_CALL = "torch.ops.masked.gather_nd.default("
 CHECK_CALL = "torch.ops.masked.check_gather_nd_indices.default("
 # Inductor's own bounds assert on an indirect load, which the fused gather_nd skips.

@@ -1,6 +1,7 @@
-"""masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add against
-ATen references (index_put_(accumulate=True), advanced indexing), NumPy's
-np.add.at and the tf.scatter_nd / tf.gather_nd reference examples."""
+"""masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add (and its
+in-place form, masked::tensor_scatter_nd_add_) against ATen references
+(index_put_(accumulate=True), advanced indexing), NumPy's np.add.at and the
+tf.scatter_nd / tf.gather_nd reference examples."""
 import contextlib
 import itertools
 import math
@@ -134,6 +135,9 @@ def test_values_every_depth_and_batch_rank(device, dtype, index_dtype):
         assert_scatter_matches(
             torch_masked.tensor_scatter_nd_add(base_d, indices_d, updates_d), indices, updates, shape, base
         )
+        into = base_d.clone()
+        torch.ops.masked.tensor_scatter_nd_add_(into, indices_d, updates_d)
+        assert_scatter_matches(into, indices, updates, shape, base)
         assert_same(torch_masked.gather_nd(base_d, indices_d), reference_gather(base, indices))
 
 
@@ -538,6 +542,12 @@ def test_non_contiguous_inputs(device):
         out = torch_masked.tensor_scatter_nd_add(tensor, indices, upd)
         assert out.is_contiguous()
         assert_scatter_matches(out, indices, upd, shape, tensor)
+        # In place into a non-contiguous tensor: the sums land in its own elements.
+        into = torch.zeros(shape[::-1], device=device).permute(2, 1, 0).copy_(tensor)
+        strides, storage = into.stride(), into.untyped_storage().data_ptr()
+        torch.ops.masked.tensor_scatter_nd_add_(into, indices, upd)
+        assert (into.stride(), into.untyped_storage().data_ptr()) == (strides, storage)
+        assert_scatter_matches(into, indices, upd, shape, tensor)
         assert_same(torch_masked.gather_nd(tensor, indices), reference_gather(tensor, indices))
 
 
@@ -594,6 +604,8 @@ def check_out_of_bounds_errors(device):
                 torch_masked.scatter_nd(indices, updates, shape)
             with pytest.raises(IndexError, match="tensor_scatter_nd_add: " + message):
                 torch_masked.tensor_scatter_nd_add(torch.zeros(shape, device=device), indices, updates)
+            with pytest.raises(IndexError, match="tensor_scatter_nd_add: " + message):
+                torch.ops.masked.tensor_scatter_nd_add_(torch.zeros(shape, device=device), indices, updates)
             with pytest.raises(IndexError, match="gather_nd: " + message):
                 torch_masked.gather_nd(torch.zeros(shape, device=device), indices)
             with pytest.raises(IndexError, match="gather_nd: " + message):
@@ -646,6 +658,41 @@ def test_check_gather_nd_indices_raises_what_gather_nd_raises(device):
         check(good, [4, 3], torch.tensor(0, device=device))
     with pytest.raises(ValueError, match=r"expected a 0-d out_of_bounds, got shape \[1\]"):
         check(good, [4, 3], torch.tensor([False], device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place_form_refuses_what_it_cannot_add_into(device):
+    add_ = torch.ops.masked.tensor_scatter_nd_add_
+    row = torch.tensor([[1]], device=device)
+    buffer = torch.zeros(8, device=device)
+    # Operands sharing the tensor's memory: the sums would change what they read.
+    with pytest.raises(ValueError, match="expected updates apart from tensor in memory"):
+        add_(buffer[:4], row, buffer[3:4])
+    ints = torch.zeros(8, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="expected indices apart from tensor in memory"):
+        add_(ints[:4], ints[2:3].view(1, 1), torch.ones(1, dtype=torch.int64, device=device))
+    # Beside it in the same storage is fine.
+    buffer[4] = 2
+    add_(buffer[:4], row, buffer[4:5])
+    assert buffer.tolist() == [0, 2, 0, 0, 2, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"elements are each stored once, got strides \[0\] for shape \[4\]"):
+        add_(torch.zeros(1, device=device).expand(4), row, torch.ones(1, device=device))
+    # No gradient: tensors that require one are refused; without grad mode, the
+    # tensor's version moves, so autograd still sees the change.
+    weight = torch.zeros(4, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="the in-place form has no gradient"):
+        add_(weight, row, torch.ones(1, device=device))
+    with pytest.raises(RuntimeError, match="the in-place form has no gradient"):
+        add_(torch.zeros(4, device=device), row, torch.ones(1, device=device, requires_grad=True))
+    with torch.no_grad():
+        version = weight._version
+        add_(weight, row, torch.ones(1, device=device))
+    assert weight._version == version + 1 and weight.tolist() == [0, 1, 0, 0]
+    saved = torch.zeros(4, device=device)
+    product = (saved * weight).sum()  # saves `saved` for its backward
+    add_(saved, row, torch.ones(1, device=device))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        product.backward()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -811,7 +858,10 @@ def sample_inputs(device, requires_grad):
         (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(3, 6, 2), floats(6)), {}),
         (ops.check_gather_nd_indices.default, (ints(4, 5, 2), [4, 4, 3], torch.tensor(False, device=device)), {}),
         (ops.check_gather_nd_indices.default, (ints(3, 2, 1, dtype=torch.int32), [3], torch.tensor(False, device=device)), {}),
-    ]
+    ] + ([] if requires_grad else [  # the in-place form refuses tensors that require grad
+        (ops.tensor_scatter_nd_add_.default, (floats(4, 3), ints(4, 5, 1), floats(5, 3)), {}),
+        (ops.tensor_scatter_nd_add_.default, (floats(4, 3), ints(3, 6, 2), floats(6)), {"check_bounds": False}),
+    ])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -948,6 +998,8 @@ def bad_calls():
         (ops.scatter_nd.default, (idx, upd.to(torch.uint32), [3])),
         (ops.tensor_scatter_nd_add.default, (torch.zeros(3, dtype=torch.float64), idx, upd)),
         (ops.tensor_scatter_nd_add.default, (torch.zeros(3), idx, torch.ones(3))),
+        (ops.tensor_scatter_nd_add_.default, (torch.zeros(3, dtype=torch.float64), idx, upd)),
+        (ops.tensor_scatter_nd_add_.default, (torch.zeros(3), idx, torch.ones(3))),
         (ops.gather_nd.default, (upd, torch.zeros(2, 2, dtype=torch.int64))),
         (ops.gather_nd.default, (upd, idx.double())),
         (ops.check_gather_nd_indices.default, (torch.zeros(2, 2, dtype=torch.int64), [3], torch.tensor(False))),

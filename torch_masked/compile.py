@@ -27,7 +27,9 @@ at run time (from ``nonzero`` or ``boolean_mask``), whose mismatch our
 kernel reports by name; for gather_nd, see ``_gather_nd_lowering``.
 
 ``scatter_nd``, ``tensor_scatter_nd_add``, ``boolean_mask`` and ``nonzero``
-stay our kernels inside compiled graphs, on every device: ``boolean_mask``
+stay our kernels inside compiled graphs, on every device (a
+``tensor_scatter_nd_add`` into a tensor nothing else reads adds into it in
+place: ``_tensor_scatter_nd_add_into``): ``boolean_mask``
 and ``nonzero`` are faster there than what Inductor makes of the native
 equivalents, the scatters on large outputs too
 (``benchmarks/bench_compiled.py``; README, "Inside torch.compile"), and
@@ -44,7 +46,11 @@ import pathlib
 import sympy
 import torch
 from torch._library.utils import get_layout_constraint_tag
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, has_free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import (
+    free_unbacked_symbols,
+    has_free_unbacked_symbols,
+    statically_known_true,
+)
 
 from ._after_import import when_imported
 
@@ -73,8 +79,10 @@ def _update_cache_tag():
 
 
 def set_opaque(enabled):
-    """Keep every op our opaque kernel inside compiled graphs (``True``), or
-    let Inductor fuse ``where`` and ``select`` (``False``, the default).
+    """Keep every op our opaque kernel inside compiled graphs, called as in
+    eager (``True``), or let Inductor fuse ``where``, ``select`` and
+    ``gather_nd``, and add ``tensor_scatter_nd_add`` in place where it can
+    (``False``, the default).
 
     It is read when a graph is compiled: a function compiled before keeps its
     code until Dynamo recompiles it (``torch.compiler.reset()`` forgets every
@@ -254,6 +262,56 @@ def _gather_nd_lowering(lowering):
     return lower
 
 
+def _tensor_scatter_nd_add_into(tensor, indices, updates, *, check_bounds=True):
+    """tensor_scatter_nd_add's sums written into `tensor` itself
+    (masked::tensor_scatter_nd_add_), which is then the result.
+
+    Inductor's reinplacing pass puts this in place of a tensor_scatter_nd_add
+    whose `tensor` is made in the graph and read by nothing after it (the
+    ``t * 2`` of ``tensor_scatter_nd_add(t * 2, idx, u)``), as it does for
+    ``index_put``: the op then neither copies `tensor` nor allocates an
+    output. A function rather than the op itself: the pass only renames the
+    node's target and keeps its uses, so the target must return the tensor,
+    and Inductor makes no call of a custom op that returns an input."""
+    torch.ops.masked.tensor_scatter_nd_add_(tensor, indices, updates, check_bounds=check_bounds)
+    return tensor
+
+
+# Up to this many bytes, a CPU tensor is added into in place. Measured in
+# tensor_scatter_nd_add(t * 2, idx, u) + 1 (benchmarks/METHODS.md): in place
+# is faster up to 8 MiB of float32, slower from 11 MiB, where each call's
+# buffers are faulted in afresh, and our own output, which asks for huge
+# pages, costs less in faults than the buffer Inductor allocates for the
+# `+ 1` (it never reuses a buffer written in place). Sizes known only at
+# run time keep the copy on the CPU.
+IN_PLACE_CPU_BYTES = 8 * 2**20
+
+
+def _adds_in_place(node):
+    """Whether the reinplacing pass may put _tensor_scatter_nd_add_into in
+    place of this tensor_scatter_nd_add node."""
+    if _opaque:
+        return False
+    tensor = node.args[0].meta["val"]
+    if tensor.device.type != "cpu":
+        return True
+    return statically_known_true(tensor.numel() * tensor.element_size() <= IN_PLACE_CPU_BYTES)
+
+
+def _tensor_scatter_nd_add_into_lowering(lowering):
+    """_tensor_scatter_nd_add_into as a call of the in-place op that Inductor
+    records as writing `tensor`'s buffer: what reads the result reads it
+    after the call."""
+    add_in_place = lowering.fallback_handler(torch.ops.masked.tensor_scatter_nd_add_.default,
+                                             add_to_fallback_set=False)
+
+    def lower(tensor, indices, updates, *, check_bounds=True):
+        add_in_place(tensor, indices, updates, check_bounds=check_bounds)
+        return tensor
+
+    return lower
+
+
 DECOMPOSITIONS = {
     torch.ops.masked.where.self: _where,
     torch.ops.masked.where.ScalarSelf: _where,
@@ -267,6 +325,7 @@ _INDUCTOR_LOWERING = "torch._inductor.lowering"
 
 def _register(lowering):
     from torch._inductor import decomposition
+    from torch._inductor.fx_passes import reinplace
 
     for op, decompose in DECOMPOSITIONS.items():
         decomposition.register_decomposition(op)(decompose)
@@ -277,6 +336,12 @@ def _register(lowering):
         lowering.make_fallback(op, layout_constraint=layout, warn=False, override_decomp=True)
     lowering.register_lowering(torch.ops.masked.gather_nd.default, type_promotion_kind=None)(
         _gather_nd_lowering(lowering)
+    )
+    lowering.register_lowering(_tensor_scatter_nd_add_into, type_promotion_kind=None)(
+        _tensor_scatter_nd_add_into_lowering(lowering)
+    )
+    reinplace.inplaceable_ops[torch.ops.masked.tensor_scatter_nd_add.default] = reinplace.InplaceableOp(
+        _tensor_scatter_nd_add_into, 0, extra_check=_adds_in_place
     )
     # select_decomp_table() hands out a cached copy of the table.
     decomposition.fast_random_decomps.cache_clear()

@@ -1,12 +1,13 @@
 // Autograd for masked::scatter_nd, masked::gather_nd and
-// masked::tensor_scatter_nd_add. Each backward is one of the other ops
-// (scatter <-> gather), so double backward and compiled backward need
-// nothing more. Backward calls pass check_bounds=false: the forward call
+// masked::tensor_scatter_nd_add (its in-place form has none). Each backward
+// is one of the other ops (scatter <-> gather), so double backward and
+// compiled backward need nothing more. Backward calls pass check_bounds=false: the forward call
 // already checked the same indices (autograd's version counter guards them
 // against in-place changes), and the backward then costs no device sync.
 // In C++ rather than with torch.library.register_autograd: the Python layer
 // cost more than the kernels on sub-millisecond calls.
 #include "autograd/records_graph.h"
+#include "common.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -41,6 +42,15 @@ at::Tensor call_tensor_scatter_nd_add(const at::Tensor& tensor, const at::Tensor
           .findSchemaOrThrow("masked::tensor_scatter_nd_add", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>();
   return op.call(tensor, indices, updates, check_bounds);
+}
+
+void call_tensor_scatter_nd_add_in_place(const at::Tensor& tensor, const at::Tensor& indices,
+                                         const at::Tensor& updates, bool check_bounds) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("masked::tensor_scatter_nd_add_", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>();
+  op.call(tensor, indices, updates, check_bounds);
 }
 
 // The gradient of the updates: the upstream gradient's slices at the indices.
@@ -139,11 +149,28 @@ at::Tensor gather_nd_autograd(const at::Tensor& params, const at::Tensor& indice
   return apply_if_recording<GatherNd>({params}, call_gather_nd, gather_nd_tangent, params, indices, check_bounds);
 }
 
+// The in-place form, which compiled graphs call where tensor_scatter_nd_add
+// was differentiated already, has no formula: it refuses tensors that
+// require grad, and bumps the tensor's version, so that autograd still sees
+// the change to a tensor it saved for some other op's backward.
+void tensor_scatter_nd_add_in_place_autograd(const at::Tensor& tensor, const at::Tensor& indices,
+                                             const at::Tensor& updates, bool check_bounds) {
+  MASKED_CHECK(!(c10::GradMode::is_enabled() && (tensor.requires_grad() || updates.requires_grad())),
+               "tensor_scatter_nd_add_: the in-place form has no gradient; call tensor_scatter_nd_add for "
+               "tensors that require grad");
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    call_tensor_scatter_nd_add_in_place(tensor, indices, updates, check_bounds);
+  }
+  torch::autograd::impl::bump_version(tensor);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(masked, Autograd, m) {
   m.impl("scatter_nd", &scatter_nd_autograd);
   m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_autograd);
+  m.impl("tensor_scatter_nd_add_", &tensor_scatter_nd_add_in_place_autograd);
   m.impl("gather_nd", &gather_nd_autograd);
   // Nothing to differentiate (it returns nothing): passed through, where the
   // boxed fallback for ops without a formula would cost a few µs a call.

@@ -1,6 +1,6 @@
-// CPU kernels for masked::scatter_nd, masked::tensor_scatter_nd_add,
-// masked::gather_nd and the raising half of its compiled bounds check,
-// masked::check_gather_nd_indices.
+// CPU kernels for masked::scatter_nd, masked::tensor_scatter_nd_add (and its
+// in-place form), masked::gather_nd and the raising half of its compiled
+// bounds check, masked::check_gather_nd_indices.
 //
 // Scatter: the output (M slots of S elements) is split into one block per
 // thread, by slot ranges (and by column ranges when there are fewer slots
@@ -267,7 +267,9 @@ int64_t scatter_elements_by_range(const NdIndexGeometry& g, const index_t* indic
       const Entry* last = sorted.get() + range_start[r + 1];
       scalar_t* range_out = out + (r << kRangeBits);
       const int64_t range_slots = std::min(kRangeSlots, g.num_slots - (r << kRangeBits));
-      if (base != nullptr) {
+      if (base == out) {
+        // In place: the range already holds its base.
+      } else if (base != nullptr) {
         std::memcpy(range_out, base + (r << kRangeBits), range_slots * sizeof(scalar_t));
       } else {
         std::fill(range_out, range_out + range_slots, scalar_t{});
@@ -377,6 +379,9 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
     const int64_t first = slot_start[s];
     const int64_t last = slot_start[s + 1];
     if (first == last) {
+      if (from == dst) {
+        continue;
+      }
       if (from != nullptr) {
         std::memcpy(dst, from, row_bytes);
       } else {
@@ -437,11 +442,15 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
 // (from `tensor`, or zeros) and round, vectorised and over every thread:
 // there are fewer element blocks than threads (see split_output).
 at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
-                            const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds) {
+                            const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds, bool in_place) {
   const std::vector<Block> blocks = split_output(g);
   std::vector<int64_t> first_bad(blocks.size(), -1);
-  const at::Tensor output = uninitialized(shape, updates.options());
-  advise_huge_pages(output);
+  const at::Tensor output = in_place ? *tensor : uninitialized(shape, updates.options());
+  if (!in_place) {
+    advise_huge_pages(output);
+  }
+  // In place, the base is the output: the kernels leave a slot's values
+  // where they are instead of copying them.
   const at::Tensor base = tensor != nullptr ? tensor->contiguous() : at::Tensor();
   const bool elements = g.slice_size == 1;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
@@ -479,10 +488,10 @@ at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArr
       if (kRounds) {
         advise_huge_pages(acc);
       }
-      if (base.defined()) {
-        acc.copy_(base);
-      } else {
+      if (!base.defined()) {
         acc.zero_();
+      } else if (!acc.is_same(base)) {  // in place, the output holds its base already
+        acc.copy_(base);
       }
       acc_t* acc_data = static_cast<acc_t*>(acc.mutable_data_ptr());
       at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
@@ -580,6 +589,11 @@ at::Tensor tensor_scatter_nd_add_cpu(const at::Tensor& tensor, const at::Tensor&
                         scatter_into_cpu);
 }
 
+void tensor_scatter_nd_add_in_place_cpu(const at::Tensor& tensor, const at::Tensor& indices,
+                                        const at::Tensor& updates, bool check_bounds) {
+  tensor_scatter_nd_add_in_place_op(tensor, indices, updates, check_bounds, scatter_into_cpu);
+}
+
 at::Tensor gather_nd_cpu(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
   return gather_op(params, indices, check_bounds, gather_into_cpu);
 }
@@ -594,6 +608,7 @@ void check_gather_nd_indices_cpu(const at::Tensor& indices, at::IntArrayRef para
 TORCH_LIBRARY_IMPL(masked, CPU, m) {
   m.impl("scatter_nd", &scatter_nd_cpu);
   m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_cpu);
+  m.impl("tensor_scatter_nd_add_", &tensor_scatter_nd_add_in_place_cpu);
   m.impl("gather_nd", &gather_nd_cpu);
   m.impl("check_gather_nd_indices", &check_gather_nd_indices_cpu);
 }

@@ -1,6 +1,6 @@
-// CUDA kernels for masked::scatter_nd, masked::tensor_scatter_nd_add,
-// masked::gather_nd and the raising half of its compiled bounds check,
-// masked::check_gather_nd_indices.
+// CUDA kernels for masked::scatter_nd, masked::tensor_scatter_nd_add (and its
+// in-place form), masked::gather_nd and the raising half of its compiled
+// bounds check, masked::check_gather_nd_indices.
 //
 // Scatter has three paths:
 // - atomic (the default): one thread per update element, atomically added
@@ -614,13 +614,22 @@ at::Tensor scatter_output(at::IntArrayRef shape, const at::TensorOptions& option
 
 at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntArrayRef shape,
                              const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
-                             bool check_bounds) {
+                             bool check_bounds, bool in_place) {
+  if (in_place && updates.element_size() < 4) {
+    // Atomic adds of narrower elements touch the whole 32-bit word around
+    // them, which may lie past the end of a tensor we did not allocate
+    // (scatter_output pads its own).
+    tensor->copy_(scatter_into_cuda(op, tensor, shape, indices, updates, g, check_bounds, /*in_place=*/false));
+    return *tensor;
+  }
   const c10::cuda::CUDAGuard guard(updates.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor output = scatter_output(shape, updates.options());
+  at::Tensor output = in_place ? *tensor : scatter_output(shape, updates.options());
   // The fixed-point sums write every element of an output without a base.
   const bool fixed_point = takes_fixed_point(updates.scalar_type(), g);
-  if (tensor != nullptr) {
+  if (in_place) {
+    // The output holds its base already.
+  } else if (tensor != nullptr) {
     output.copy_(*tensor);
   } else if (output.numel() > 0 && !fixed_point) {
     C10_CUDA_CHECK(cudaMemsetAsync(output.mutable_data_ptr(), 0, output.nbytes(), stream));  // zero bits: 0, false
@@ -729,6 +738,11 @@ at::Tensor tensor_scatter_nd_add_cuda(const at::Tensor& tensor, const at::Tensor
                         scatter_into_cuda);
 }
 
+void tensor_scatter_nd_add_in_place_cuda(const at::Tensor& tensor, const at::Tensor& indices,
+                                         const at::Tensor& updates, bool check_bounds) {
+  tensor_scatter_nd_add_in_place_op(tensor, indices, updates, check_bounds, scatter_into_cuda);
+}
+
 at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, bool check_bounds) {
   return gather_op(params, indices, check_bounds, gather_into_cuda);
 }
@@ -743,6 +757,7 @@ void check_gather_nd_indices_cuda(const at::Tensor& indices, at::IntArrayRef par
 TORCH_LIBRARY_IMPL(masked, CUDA, m) {
   m.impl("scatter_nd", &scatter_nd_cuda);
   m.impl("tensor_scatter_nd_add", &tensor_scatter_nd_add_cuda);
+  m.impl("tensor_scatter_nd_add_", &tensor_scatter_nd_add_in_place_cuda);
   m.impl("gather_nd", &gather_nd_cuda);
   m.impl("check_gather_nd_indices", &check_gather_nd_indices_cuda);
 }

@@ -1,8 +1,9 @@
 """masked::scatter_nd, masked::gather_nd, masked::tensor_scatter_nd_add: fake
 kernels and the front doors ``torch_masked.scatter_nd``, ``gather_nd`` and
-``tensor_scatter_nd_add``; the fake kernel of the raising half of
-gather_nd's compiled bounds check, masked::check_gather_nd_indices (which
-torch_masked/compile.py calls).
+``tensor_scatter_nd_add``; the fake kernels of two ops that
+torch_masked/compile.py puts in compiled graphs: the raising half of
+gather_nd's bounds check, masked::check_gather_nd_indices, and
+tensor_scatter_nd_add's in-place form, masked::tensor_scatter_nd_add_.
 
 Each backward is one of the other two ops (scatter <-> gather), in
 csrc/autograd/scatter_nd_autograd.cpp.
@@ -90,6 +91,11 @@ def _scatter_nd_fake(indices, updates, shape, *, check_bounds=True):
 def _tensor_scatter_nd_add_fake(tensor, indices, updates, *, check_bounds=True):
     _check_scatter("tensor_scatter_nd_add", tensor, indices, updates, tensor.shape)
     return tensor.new_empty(tensor.shape)
+
+
+@torch.library.register_fake("masked::tensor_scatter_nd_add_")
+def _tensor_scatter_nd_add_in_place_fake(tensor, indices, updates, *, check_bounds=True):
+    _check_scatter("tensor_scatter_nd_add", tensor, indices, updates, tensor.shape)
 
 
 @torch.library.register_fake("masked::gather_nd")
