@@ -520,6 +520,12 @@ def test_empty_inputs(device):
     assert out.shape == (4, 0)
     assert torch_masked.gather_nd(torch.zeros(4, 0, device=device), long([1, 3], 2, 1)).shape == (2, 0)
     assert torch_masked.tensor_scatter_nd_add(torch.zeros(4, 0, device=device), long([1, 3], 2, 1), torch.zeros(2, 0, device=device)).shape == (4, 0)
+    # In place: no rows leave the tensor as it was; K = 0 adds to all of it, a 0-d tensor too.
+    ones, empty, scalar = torch.ones(3, device=device), torch.zeros(4, 0, device=device), torch.ones((), device=device)
+    torch.ops.masked.tensor_scatter_nd_add_(ones, long([], 0, 1), torch.zeros(0, device=device))
+    torch.ops.masked.tensor_scatter_nd_add_(empty, long([1, 3], 2, 1), torch.zeros(2, 0, device=device))
+    torch.ops.masked.tensor_scatter_nd_add_(scalar, long([], 2, 0), torch.ones(2, device=device))
+    assert (ones.tolist(), empty.shape, scalar.item()) == ([1, 1, 1], (4, 0), 3)
     # ...but a bad index is still found.
     with pytest.raises(IndexError, match=r"got \[4\] at indices\[1\] \(4 is out of range for dimension 0 of size 4\)"):
         torch_masked.scatter_nd(long([1, 4], 2, 1), torch.zeros(2, 0, device=device), [4, 0])
