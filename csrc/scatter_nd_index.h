@@ -173,10 +173,11 @@ inline NdIndexGeometry check_scatter_add_operands(const char* op, const at::Tens
 
 // scatter_into(op, tensor, shape, indices, updates, geometry, check_bounds,
 // in_place) returns a contiguous tensor of `shape`: `tensor` (zeros when
-// null) plus the updates; `indices` and `updates` are contiguous. In place,
-// that tensor is `*tensor` itself (contiguous, overlapping neither
-// operand), else a new one. It raises via raise_out_of_bounds when
-// check_bounds is set, else drops rows that are out of bounds.
+// null) plus the updates; `indices` and `updates` are contiguous. Asked for
+// in place (`*tensor` contiguous, overlapping neither operand), it writes
+// into `*tensor` and returns it where the device's kernels can, else a new
+// tensor. It raises via raise_out_of_bounds when check_bounds is set, else
+// drops rows that are out of bounds.
 template <typename ScatterInto>
 at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Tensor& indices,
                           const at::Tensor& updates, at::IntArrayRef shape, bool check_bounds,
@@ -187,8 +188,10 @@ at::Tensor scatter_add_op(const char* op, const at::Tensor* tensor, const at::Te
 }
 
 // masked::tensor_scatter_nd_add_: tensor_scatter_nd_add's sums written into
-// `tensor` itself (a non-contiguous one gets them copied in). Its errors
-// name tensor_scatter_nd_add, the op a compiled graph was written with.
+// `tensor` itself, or copied in where scatter_into made a new tensor (for a
+// non-contiguous `tensor`, or elements the device cannot add in place). Its
+// errors name tensor_scatter_nd_add, the op a compiled graph was written
+// with.
 template <typename ScatterInto>
 void tensor_scatter_nd_add_in_place_op(const at::Tensor& tensor, const at::Tensor& indices,
                                        const at::Tensor& updates, bool check_bounds,
@@ -207,12 +210,10 @@ void tensor_scatter_nd_add_in_place_op(const at::Tensor& tensor, const at::Tenso
                        "tensor_scatter_nd_add_: expected ", name, " apart from tensor in memory, as the sums are ",
                        "written into tensor");
   }
-  if (tensor.is_contiguous()) {
-    scatter_into(op, &tensor, tensor.sizes(), indices.contiguous(), updates.contiguous(), g, check_bounds,
-                 /*in_place=*/true);
-  } else {
-    tensor.copy_(scatter_into(op, &tensor, tensor.sizes(), indices.contiguous(), updates.contiguous(), g,
-                              check_bounds, /*in_place=*/false));
+  const at::Tensor sums = scatter_into(op, &tensor, tensor.sizes(), indices.contiguous(), updates.contiguous(), g,
+                                       check_bounds, /*in_place=*/tensor.is_contiguous());
+  if (!sums.is_same(tensor)) {
+    tensor.copy_(sums);
   }
 }
 

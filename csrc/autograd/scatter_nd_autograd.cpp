@@ -1,9 +1,10 @@
 // Autograd for masked::scatter_nd, masked::gather_nd and
 // masked::tensor_scatter_nd_add (its in-place form has none). Each backward
 // is one of the other ops (scatter <-> gather), so double backward and
-// compiled backward need nothing more. Backward calls pass check_bounds=false: the forward call
-// already checked the same indices (autograd's version counter guards them
-// against in-place changes), and the backward then costs no device sync.
+// compiled backward need nothing more. Backward calls pass
+// check_bounds=false: the forward call already checked the same indices
+// (autograd's version counter guards them against in-place changes), and
+// the backward then costs no device sync.
 // In C++ rather than with torch.library.register_autograd: the Python layer
 // cost more than the kernels on sub-millisecond calls.
 #include "autograd/records_graph.h"

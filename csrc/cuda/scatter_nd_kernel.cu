@@ -615,19 +615,17 @@ at::Tensor scatter_output(at::IntArrayRef shape, const at::TensorOptions& option
 at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntArrayRef shape,
                              const at::Tensor& indices, const at::Tensor& updates, const NdIndexGeometry& g,
                              bool check_bounds, bool in_place) {
-  if (in_place && updates.element_size() < 4) {
-    // Atomic adds of narrower elements touch the whole 32-bit word around
-    // them, which may lie past the end of a tensor we did not allocate
-    // (scatter_output pads its own).
-    tensor->copy_(scatter_into_cuda(op, tensor, shape, indices, updates, g, check_bounds, /*in_place=*/false));
-    return *tensor;
-  }
+  // Atomic adds of elements narrower than 4 bytes touch the whole 32-bit
+  // word around them, which may lie past the end of a tensor we did not
+  // allocate: those sums go to a padded output of our own (scatter_output),
+  // for the caller to copy in.
+  const bool into_tensor = in_place && updates.element_size() >= 4;
   const c10::cuda::CUDAGuard guard(updates.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor output = in_place ? *tensor : scatter_output(shape, updates.options());
+  at::Tensor output = into_tensor ? *tensor : scatter_output(shape, updates.options());
   // The fixed-point sums write every element of an output without a base.
   const bool fixed_point = takes_fixed_point(updates.scalar_type(), g);
-  if (in_place) {
+  if (into_tensor) {
     // The output holds its base already.
   } else if (tensor != nullptr) {
     output.copy_(*tensor);
