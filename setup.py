@@ -131,8 +131,23 @@ def extensions():
     ]
 
 
+class BuildKeepingObjects(BuildExtension):
+    """Compiles into build/objects-<python>-torch<version>-<cpu|cuda>/ in the
+    tree, whatever the command, so that ninja recompiles only what changed:
+    an editable install would otherwise compile everything afresh in a
+    temporary folder each time, and a wheel built after it would compile it
+    all again."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        torch_version = ".".join(torch.__version__.split(".")[:2])
+        kind = "cuda" if any("nvcc" in ext.extra_compile_args for ext in self.extensions) else "cpu"
+        self.build_temp = os.path.join(ROOT, "build", f"objects-py{sys.version_info.major}{sys.version_info.minor}"
+                                                      f"-torch{torch_version}-{kind}")
+
+
 setup(
     install_requires=[torch_requirement()],
     ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildKeepingObjects.with_options(use_ninja=True)},
 )

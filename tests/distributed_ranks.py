@@ -78,6 +78,7 @@ def run_ranks(target, world_size, directory, timeout, *args, collective_timeout=
     previous = {name: os.environ.get(name) for name in environment}
     os.environ.update(environment)
     processes = []
+    outcomes = {}
     try:
         for rank in range(world_size):
             process = context.Process(
@@ -87,7 +88,6 @@ def run_ranks(target, world_size, directory, timeout, *args, collective_timeout=
             )
             process.start()
             processes.append(process)
-        outcomes = {}
         deadline = time.monotonic() + timeout
         while len(outcomes) < world_size:
             try:
@@ -108,8 +108,9 @@ def run_ranks(target, world_size, directory, timeout, *args, collective_timeout=
                 )
         return [outcomes[rank] for rank in range(world_size)]
     finally:
-        for process in processes:
-            process.join(timeout=10)
+        # A rank that reported is ending; one that did not is stuck or dead.
+        for rank, process in enumerate(processes):
+            process.join(timeout=10 if rank in outcomes else 0)
             if process.is_alive():
                 process.kill()
                 process.join()

@@ -7,6 +7,7 @@ Compiles cost seconds here, so each test compiles one graph holding many
 cases. What is tested is Inductor's code on the CPU, not our kernels, so the
 tests are marked cpu_kernel: the CUDA kernels' emulated run leaves them out;
 on a GPU, the fused chains and the backward are tested on CUDA too."""
+import os
 import re
 import subprocess
 import sys
@@ -557,5 +558,7 @@ def test_import_does_not_load_inductor_and_registers_when_it_loads():
         "select_decomp_table()\n"
         "import torch_masked\n"
     )
+    # No pool of compile workers to start (and wait for at exit): nothing is compiled.
+    environment = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1")
     for script in (imported_first, inductor_first):
-        subprocess.run([sys.executable, "-c", script + registered], check=True)
+        subprocess.run([sys.executable, "-c", script + registered], check=True, env=environment)
