@@ -294,19 +294,26 @@ def add_into_doubled(tensor, indices, updates):
     return torch_masked.tensor_scatter_nd_add(tensor * 2, indices, updates) + 1
 
 
-def test_tensor_scatter_nd_add_adds_into_a_buffer_the_graph_made():
-    # Elements and slices, K = 1 and 2, every kind of dtype; eager runs the
-    # same kernel into a new output, so the sums are the same bits.
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensor_scatter_nd_add_adds_into_a_buffer_the_graph_made(device):
+    # Elements and slices, K = 1 and 2, every kind of dtype (on CUDA, uint8
+    # through the padded output of narrow elements); eager runs the same
+    # kernel into a new output, so on the CPU the sums are the same bits (on
+    # CUDA, floating sums of repeated rows depend on the atomics' order).
     for dtype, shape, depth in [(torch.float32, (40,), 1), (torch.bfloat16, (6, 5, 3), 2), (torch.int64, (9, 4), 1),
                                 (torch.uint8, (7,), 1), (torch.float64, (5, 2), 2)]:
-        tensor = make_tensor(shape, dtype, "cpu", generator=gen(19))
+        tensor = make_tensor(shape, dtype, device, generator=gen(19))
         indices = torch.stack([torch.randint(size, (30,), generator=gen(20)) for size in shape[:depth]], dim=1)
-        updates = make_tensor((30, *shape[depth:]), dtype, "cpu", generator=gen(21))
+        indices = indices.to(device)
+        updates = make_tensor((30, *shape[depth:]), dtype, device, generator=gen(21))
         before = tensor.clone()
         result, code = run_and_get_code(torch.compile(add_into_doubled, fullgraph=True), tensor, indices, updates)
         code = "\n".join(code)
         assert IN_PLACE_ADD in code and FUNCTIONAL_ADD not in code, dtype
-        exact(result, add_into_doubled(tensor, indices, updates))
+        if device == "cpu" or not dtype.is_floating_point:
+            exact(result, add_into_doubled(tensor, indices, updates))
+        else:
+            torch.testing.assert_close(result, add_into_doubled(tensor, indices, updates))
         exact(tensor, before)
     # An index out of bounds is the eager IndexError.
     bad = indices.clone()
@@ -398,26 +405,26 @@ def expected_gathers(params, indices, bad_indices):
     """ATen's indexing; rows out of bounds read as zeros."""
     expected = []
     for p, i, _ in pairs(params, indices, bad_indices):
-        in_bounds = ((i >= 0) & (i < torch.tensor(p.shape[: i.shape[-1]]))).all(-1)
+        in_bounds = ((i >= 0) & (i < torch.tensor(p.shape[: i.shape[-1]], device=i.device))).all(-1)
         gathered = native_gather(p, i * in_bounds[..., None])  # bad rows read row 0, then replaced by zeros
         in_bounds = in_bounds.reshape(in_bounds.shape + (1,) * (p.dim() - i.shape[-1]))
         expected.append(torch.where(in_bounds, gathered, torch.zeros((), dtype=p.dtype)) * 2)
     return expected
 
 
-def gather_inputs(dtypes, rows, seed):
+def gather_inputs(dtypes, rows, seed, device="cpu"):
     """params [6, 5, 3] of each dtype (the last one a transposed view);
     indices of depth 1, 2 and 3 with batch ranks 0 to 2, int32 and int64, a
     strided view among them, no rows; then indices with entries negative or
     too large among good ones."""
-    params = [make_tensor((6, 5, 3), dtype, "cpu", generator=gen(seed + k)) for k, dtype in enumerate(dtypes)]
-    params[-1] = make_tensor((3, 5, 6), dtypes[-1], "cpu", generator=gen(seed)).permute(2, 1, 0)
+    params = [make_tensor((6, 5, 3), dtype, device, generator=gen(seed + k)) for k, dtype in enumerate(dtypes)]
+    params[-1] = make_tensor((3, 5, 6), dtypes[-1], device, generator=gen(seed)).permute(2, 1, 0)
     sizes = torch.tensor([6, 5, 3])
 
     def draw(shape, depth, dtype, low=0, high=None):
         top = sizes[:depth] if high is None else torch.full((depth,), high)
         fraction = torch.rand(*shape, depth, generator=gen(seed + depth))
-        return (low + fraction * (top - low)).floor().to(dtype)
+        return (low + fraction * (top - low)).floor().to(dtype).to(device)
 
     indices = [
         draw((rows,), 1, torch.int64),  # slices [5, 3]
@@ -431,15 +438,16 @@ def gather_inputs(dtypes, rows, seed):
     return params, indices, bad_indices
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_gather_nd_fuses_and_matches_eager(dynamic):
+def test_gather_nd_fuses_and_matches_eager(dynamic, device):
     # Every dtype Inductor fuses (static); a second batch size reuses the
     # dynamic graph.
     counters.clear()
     torch._dynamo.reset()
     compiled = torch.compile(gathers, fullgraph=True, dynamic=dynamic)
     for rows in (4, 7) if dynamic else (4,):
-        inputs = gather_inputs(FUSED if not dynamic else FUSED[::3], rows, seed=rows)
+        inputs = gather_inputs(FUSED if not dynamic else FUSED[::3], rows, seed=rows, device=device)
         if rows == 4:
             results, code = run_and_get_code(compiled, *inputs)
             code = "\n".join(code)
@@ -452,14 +460,15 @@ def test_gather_nd_fuses_and_matches_eager(dynamic):
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_gather_nd_compiled_raises_the_eager_index_error():
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_nd_compiled_raises_the_eager_index_error(device):
     # The fused loop reads only rows clamped into bounds, and notes whether
     # any row is out of bounds; the check then raises eager's IndexError,
     # naming each row's first bad entry, negative or too large (far past
     # params too), at every depth.
     compiled = torch.compile(lambda p, i: (torch_masked.gather_nd(p * 2, i) + 1).sum(-1), fullgraph=True)
-    params = torch.randn(4, 5, 6, generator=gen(19))
-    good = torch.tensor([[3, 4, 5], [0, 1, 2], [2, 2, 2]])
+    params = torch.randn(4, 5, 6, generator=gen(19)).to(device)
+    good = torch.tensor([[3, 4, 5], [0, 1, 2], [2, 2, 2]], device=device)
     for row, column, value in [(0, 0, 4), (1, 1, -1), (2, 2, 6), (2, 0, -5), (1, 0, 2**40), (0, 1, -(2**40))]:
         for depth in range(column + 1, 4):
             bad = good.clone()
