@@ -2,7 +2,22 @@ import pytest
 import torch
 
 
+# Tests that start processes of their own (ranks, torchrun, the example's
+# training runs); their modules share fixtures that start more.
+STARTS_PROCESSES = ("test_distributed", "test_example")
+
+
+# tryfirst: before pytest-xdist's own hook reads the groups.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist's --dist loadgroup, the tests marked `large` (about
+    12 GB each) run one at a time in one worker, and so do those that start
+    processes (each module's shared fixture then runs once)."""
+    for item in items:
+        if item.get_closest_marker("large") is not None:
+            item.add_marker(pytest.mark.xdist_group("large"))
+        elif item.module.__name__ in STARTS_PROCESSES:
+            item.add_marker(pytest.mark.xdist_group("starts_processes"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
