@@ -303,8 +303,7 @@ def test_tensor_scatter_nd_add_adds_into_a_buffer_the_graph_made(device):
     for dtype, shape, depth in [(torch.float32, (40,), 1), (torch.bfloat16, (6, 5, 3), 2), (torch.int64, (9, 4), 1),
                                 (torch.uint8, (7,), 1), (torch.float64, (5, 2), 2)]:
         tensor = make_tensor(shape, dtype, device, generator=gen(19))
-        indices = torch.stack([torch.randint(size, (30,), generator=gen(20)) for size in shape[:depth]], dim=1)
-        indices = indices.to(device)
+        indices = torch.stack([torch.randint(size, (30,), generator=gen(20)) for size in shape[:depth]], dim=1).to(device)
         updates = make_tensor((30, *shape[depth:]), dtype, device, generator=gen(21))
         before = tensor.clone()
         result, code = run_and_get_code(torch.compile(add_into_doubled, fullgraph=True), tensor, indices, updates)
