@@ -377,6 +377,9 @@ def test_tensor_scatter_nd_add_in_place_in_a_compiled_training_step():
 
 GATHER_CALL = "torch.ops.masked.gather_nd.default("
 CHECK_CALL = "torch.ops.masked.check_gather_nd_indices.default("
+# The check's call as Inductor's Python wrapper makes it: only when the fused
+# loop's flag says a row is out of bounds.
+GUARDED_CHECK_CALL = re.compile(rf"^ *if (buf\d+)\.item\(\): {re.escape(CHECK_CALL)}.*, \1\)$", re.MULTILINE)
 # Inductor's own bounds assert on an indirect load, which the fused gather_nd skips.
 INDUCTOR_ASSERT = "index out of bounds"
 KERNEL = "async_compile.cpp_pybinding("  # one per generated C++ kernel
@@ -451,6 +454,7 @@ def test_gather_nd_fuses_and_matches_eager(dynamic, device):
             results, code = run_and_get_code(compiled, *inputs)
             code = "\n".join(code)
             assert GATHER_CALL not in code and CHECK_CALL in code and INDUCTOR_ASSERT not in code
+            assert len(GUARDED_CHECK_CALL.findall(code)) == code.count(CHECK_CALL)
         else:
             results = compiled(*inputs)
         for result, ours, reference in zip(results, gathers(*inputs), expected_gathers(*inputs), strict=True):
@@ -483,13 +487,14 @@ def test_gather_nd_compiled_raises_the_eager_index_error(device):
 def test_gather_nd_check_adds_no_pass_to_a_reduction_over_its_rows():
     # (gather_nd(x, idx) * 2 + 1).sum(): whether a row is out of bounds is
     # found in the loop that sums the rows, so the graph is that one kernel
-    # and the check's call, as native x[idx] is one kernel.
+    # and the check's call, made only if that loop found one, as native
+    # x[idx] is one kernel.
     x, indices = torch.randn(50, generator=gen(25)), torch.randint(0, 50, (40, 1), generator=gen(26))
     result, code = run_and_get_code(
         torch.compile(lambda x, i: (torch_masked.gather_nd(x, i) * 2 + 1).sum(), fullgraph=True), x, indices
     )
     code = "\n".join(code)
-    assert code.count(KERNEL) == 1 and code.count(CHECK_CALL) == 1 and INDUCTOR_ASSERT not in code
+    assert code.count(KERNEL) == 1 and len(GUARDED_CHECK_CALL.findall(code)) == 1 and INDUCTOR_ASSERT not in code
     torch.testing.assert_close(result, (x[indices[:, 0]] * 2 + 1).sum())
 
 

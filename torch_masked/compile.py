@@ -175,7 +175,8 @@ def _gather_nd_lowering(lowering):
     Inductor computes in the same loop where the reader reduces over them
     too (a sum over the gathered rows), else in a pass of its own; then
     masked::check_gather_nd_indices raises gather_nd's IndexError if so (once
-    that loop has run, as Inductor's own asserts raise from inside theirs).
+    that loop has run, as Inductor's own asserts raise from inside theirs;
+    Inductor's Python wrapper calls it only then: _call_check_if_out_of_bounds).
     Without check_bounds, rows out of bounds read as zeros, as in our
     kernel.
 
@@ -312,6 +313,19 @@ def _tensor_scatter_nd_add_into_lowering(lowering):
     return lower
 
 
+_CHECK_GATHER_ND_INDICES = "torch.ops.masked.check_gather_nd_indices.default"
+
+
+def _call_check_if_out_of_bounds(node, writeline):
+    """The bounds check's call in Inductor's Python wrapper, made only where
+    the fused loop found a row out of bounds. Made every time, it costs 2-8
+    µs (the dispatcher's path, which the loop has just pushed out of the
+    caches) to return at once; the flag's ``.item()`` costs 0.2. The C++
+    wrapper (AOTInductor) makes the call every time."""
+    indices, params_shape, out_of_bounds = node.codegen_args()
+    writeline(f"if {out_of_bounds}.item(): {_CHECK_GATHER_ND_INDICES}({indices}, {params_shape}, {out_of_bounds})")
+
+
 DECOMPOSITIONS = {
     torch.ops.masked.where.self: _where,
     torch.ops.masked.where.ScalarSelf: _where,
@@ -325,6 +339,7 @@ _INDUCTOR_LOWERING = "torch._inductor.lowering"
 
 def _register(lowering):
     from torch._inductor import decomposition
+    from torch._inductor.codegen.custom_extern_kernel_codegen import CUSTOM_EXTERN_KERNEL_CODEGEN, CustomCodegen
     from torch._inductor.fx_passes import reinplace
 
     for op, decompose in DECOMPOSITIONS.items():
@@ -343,6 +358,7 @@ def _register(lowering):
     reinplace.inplaceable_ops[torch.ops.masked.tensor_scatter_nd_add.default] = reinplace.InplaceableOp(
         _tensor_scatter_nd_add_into, 0, extra_check=_adds_in_place
     )
+    CUSTOM_EXTERN_KERNEL_CODEGEN[_CHECK_GATHER_ND_INDICES] = CustomCodegen(python=_call_check_if_out_of_bounds)
     # select_decomp_table() hands out a cached copy of the table.
     decomposition.fast_random_decomps.cache_clear()
 
