@@ -288,6 +288,22 @@ def test_numbers_reach_the_kernel_as_values():
         assert not any("zeros" in op or "full" in op or "fill" in op for op in recorded.ops)
 
 
+def test_the_op_packet_picks_each_where_without_printing_a_tensor(monkeypatch):
+    """torch.ops.masked.where(...) tries the overloads in the order they are
+    defined, and a tensor offered for a Scalar fails with its repr() in the
+    message: tried before the overload that fits, that costs 0.5 ms a call on
+    ten elements. Every form picks its overload with no tensor printed, and
+    gives torch.where's values."""
+    printed = []
+    monkeypatch.setattr(torch.Tensor, "__repr__", lambda tensor, *args, **kwargs: printed.append(tensor.shape) or "")
+    condition = random_condition((5,), "cpu")
+    x, y = torch.randn(5, generator=gen(1)), torch.randn(5, generator=gen(2))
+    for args in [(condition, x, y), (condition, x, 0.5), (condition, -2, y)]:
+        assert_same(torch.ops.masked.where(*args), torch.where(*args))
+    assert_same(torch.ops.masked.where(condition), torch.nonzero(condition))
+    assert printed == []
+
+
 def test_where_python_numbers_follow_the_default_dtype():
     condition = random_condition((3,), "cpu")
     previous = torch.get_default_dtype()
