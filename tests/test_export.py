@@ -2,7 +2,8 @@
 masked ops, round-trips through torch.export.save/load, and compiles with
 AOTInductor into a package that loads back (here and in a fresh process) and
 runs; every time on inputs of other sizes than the export's, equal to eager.
-One module holds every op, since an AOTInductor compile takes tens of seconds."""
+One module holds every op, since an AOTInductor compile takes tens of seconds.
+Then the ops taking lists of sizes under Inductor's C++ wrapper."""
 
 import subprocess
 import sys
@@ -88,6 +89,33 @@ def test_aoti_package_round_trip(exported, tmp_path):
         "torch.save(outputs, sys.argv[3])\n")
     subprocess.run([sys.executable, "-c", script, path, args_path, out_path, tm._C.__file__], check=True, cwd=tmp_path)
     assert_equal_outputs(torch.load(out_path), EveryOp()(*RUNS[0]))
+
+
+def sized_ops(x, mask, idx, values, mask_grad):
+    """The ops whose schemas take a list of sizes (SymInt[])."""
+    summed = tm.scatter_nd(idx, values * 2, [5, 3])
+    return (summed + 1, tm.gather_nd(summed, idx) * 2,
+            torch.ops.masked.boolean_mask_backward(mask_grad * 2, mask, list(x.shape), 0) + 1)
+
+
+def test_inductor_cpp_wrapper_calls_the_ops_every_time():
+    # Inductor's C++ wrapper (cpp_wrapper=True; AOTInductor packages use a
+    # proxy instead) calls an op boxed, a list of sizes made a SymInt list,
+    # which a kernel taking int64 sizes cannot unpack. In inference mode no
+    # autograd kernel sits in between to convert it; the first call, made
+    # from Python while compiling, passes either way.
+    x, _, idx, values = inputs(5, 6)
+    mask = torch.tensor([True, False, True, True, False])
+    mask_grad = torch.randn(3, 3, generator=torch.Generator().manual_seed(3))
+    args = (x, mask, idx, values, mask_grad)
+    with torch._inductor.config.patch(cpp_wrapper=True), torch.inference_mode():
+        compiled = torch.compile(sized_ops, fullgraph=True, dynamic=False)
+        for _ in range(3):
+            assert_equal_outputs(compiled(*args), sized_ops(*args))
+        # The wrapper turns every C++ exception into a RuntimeError, not
+        # always with its message.
+        with pytest.raises(RuntimeError):
+            compiled(x, mask, idx * 5, values, mask_grad)
 
 
 def test_import_needs_no_onnx():

@@ -378,8 +378,9 @@ at::Tensor boolean_mask_cpu(const at::Tensor& tensor, const at::Tensor& mask, in
   return result;
 }
 
-at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& mask, at::IntArrayRef input_shape,
+at::Tensor boolean_mask_backward_cpu(const at::Tensor& grad, const at::Tensor& mask, c10::SymIntArrayRef input_sizes,
                                      int64_t axis) {
+  const at::IntArrayRef input_shape = C10_AS_INTARRAYREF_SLOW(input_sizes);
   check_same_device("boolean_mask_backward", {{"grad", &grad}, {"mask", &mask}});
   const MaskedView view = masked_view("boolean_mask_backward", "input_shape", input_shape, mask, axis);
   check_masked_grad(grad, input_shape, view);

@@ -578,9 +578,10 @@ void raise_first_bad_row_cpu(const at::Tensor& indices, const NdIndexGeometry& g
   });
 }
 
-at::Tensor scatter_nd_cpu(const at::Tensor& indices, const at::Tensor& updates, at::IntArrayRef shape,
+at::Tensor scatter_nd_cpu(const at::Tensor& indices, const at::Tensor& updates, c10::SymIntArrayRef shape,
                           bool check_bounds) {
-  return scatter_add_op("scatter_nd", nullptr, indices, updates, shape, check_bounds, scatter_into_cpu);
+  return scatter_add_op("scatter_nd", nullptr, indices, updates, C10_AS_INTARRAYREF_SLOW(shape), check_bounds,
+                        scatter_into_cpu);
 }
 
 at::Tensor tensor_scatter_nd_add_cpu(const at::Tensor& tensor, const at::Tensor& indices,
@@ -598,9 +599,9 @@ at::Tensor gather_nd_cpu(const at::Tensor& params, const at::Tensor& indices, bo
   return gather_op(params, indices, check_bounds, gather_into_cpu);
 }
 
-void check_gather_nd_indices_cpu(const at::Tensor& indices, at::IntArrayRef params_shape,
+void check_gather_nd_indices_cpu(const at::Tensor& indices, c10::SymIntArrayRef params_shape,
                                  const at::Tensor& out_of_bounds) {
-  check_gather_nd_indices_op(indices, params_shape, out_of_bounds, raise_first_bad_row_cpu);
+  check_gather_nd_indices_op(indices, C10_AS_INTARRAYREF_SLOW(params_shape), out_of_bounds, raise_first_bad_row_cpu);
 }
 
 }  // namespace

@@ -725,9 +725,10 @@ void raise_first_bad_row_cuda(const at::Tensor& indices, const NdIndexGeometry& 
   first_bad.raise_if_any("gather_nd", indices, params_shape);
 }
 
-at::Tensor scatter_nd_cuda(const at::Tensor& indices, const at::Tensor& updates, at::IntArrayRef shape,
+at::Tensor scatter_nd_cuda(const at::Tensor& indices, const at::Tensor& updates, c10::SymIntArrayRef shape,
                            bool check_bounds) {
-  return scatter_add_op("scatter_nd", nullptr, indices, updates, shape, check_bounds, scatter_into_cuda);
+  return scatter_add_op("scatter_nd", nullptr, indices, updates, C10_AS_INTARRAYREF_SLOW(shape), check_bounds,
+                        scatter_into_cuda);
 }
 
 at::Tensor tensor_scatter_nd_add_cuda(const at::Tensor& tensor, const at::Tensor& indices,
@@ -745,9 +746,9 @@ at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, b
   return gather_op(params, indices, check_bounds, gather_into_cuda);
 }
 
-void check_gather_nd_indices_cuda(const at::Tensor& indices, at::IntArrayRef params_shape,
+void check_gather_nd_indices_cuda(const at::Tensor& indices, c10::SymIntArrayRef params_shape,
                                   const at::Tensor& out_of_bounds) {
-  check_gather_nd_indices_op(indices, params_shape, out_of_bounds, raise_first_bad_row_cuda);
+  check_gather_nd_indices_op(indices, C10_AS_INTARRAYREF_SLOW(params_shape), out_of_bounds, raise_first_bad_row_cuda);
 }
 
 }  // namespace
