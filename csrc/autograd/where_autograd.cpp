@@ -76,7 +76,7 @@ struct Select {
 
 // Whether `sizes` are `shape`, known without a guard: sizes known only when
 // a graph runs are left to sum_to_size, which records what it needs.
-bool known_same_sizes(c10::SymIntArrayRef sizes, const std::vector<c10::SymInt>& shape) {
+bool known_same_sizes(c10::SymIntArrayRef sizes, c10::SymIntArrayRef shape) {
   if (sizes.size() != shape.size()) {
     return false;
   }
@@ -90,19 +90,37 @@ bool known_same_sizes(c10::SymIntArrayRef sizes, const std::vector<c10::SymInt>&
   return true;
 }
 
-// The branch's gradient in its dtype and, where the op broadcasts
-// (`shape` given), summed back to its shape. A gradient already of that
-// shape and dtype is returned as it is: sum_to_size and to() would return it
-// too, at a dispatch each (2 µs of a forward and backward of ten elements),
-// and summing a 0-d gradient to a 0-d branch would add it to +0.0, turning
-// -0.0 into +0.0, where torch.where's gradient keeps the sign.
-at::Tensor to_branch(at::Tensor grad, const c10::IValue* shape, const c10::IValue& dtype) {
-  const auto branch_dtype = static_cast<at::ScalarType>(dtype.toInt());
+// What the backward needs to make a branch's gradient from the result's: the
+// branch's shape (under `shape_key`), where the op broadcasts and it may
+// differ from the result's, and its dtype (under `dtype_key`), where that
+// differs. A branch of the result's shape and dtype, the common call, saves
+// nothing, which spares each call the saved values' allocation and hashing.
+void save_branch(AutogradContext* ctx, const char* shape_key, const char* dtype_key, const at::Tensor& branch,
+                 const at::Tensor& result, bool broadcasts) {
+  if (broadcasts && !known_same_sizes(branch.sym_sizes(), result.sym_sizes())) {
+    ctx->saved_data[shape_key] = branch.sym_sizes();
+  }
+  if (branch.scalar_type() != result.scalar_type()) {
+    ctx->saved_data[dtype_key] = static_cast<int64_t>(branch.scalar_type());
+  }
+}
+
+// The branch's gradient: `grad`, selected for it, in its dtype and summed
+// back to its shape, as save_branch recorded them. A gradient already of
+// that shape and dtype is returned as it is: sum_to_size and to() would
+// return it too, at a dispatch each, and summing a 0-d gradient to a 0-d
+// branch would add it to +0.0, turning -0.0 into +0.0, where torch.where's
+// gradient keeps the sign.
+at::Tensor to_branch(at::Tensor grad, AutogradContext* ctx, const char* shape_key, const char* dtype_key) {
+  const auto dtype = ctx->saved_data.find(dtype_key);
+  const auto branch_dtype =
+      dtype == ctx->saved_data.end() ? grad.scalar_type() : static_cast<at::ScalarType>(dtype->second.toInt());
   if (grad.is_complex() && !at::isComplexType(branch_dtype)) {
     grad = at::real(grad);
   }
-  if (shape != nullptr) {
-    const std::vector<c10::SymInt> branch_shape = shape->toSymIntVector();
+  const auto shape = ctx->saved_data.find(shape_key);
+  if (shape != ctx->saved_data.end()) {
+    const std::vector<c10::SymInt> branch_shape = shape->second.toSymIntVector();
     if (!(branch_shape.empty() && grad.dim() == 0) && !known_same_sizes(grad.sym_sizes(), branch_shape)) {
       grad = grad.sum_to_size_symint(branch_shape);
     }
@@ -116,26 +134,25 @@ class Selection : public torch::autograd::Function<Selection<Op>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& condition, const at::Tensor& x,
                             const at::Tensor& y) {
     ctx->save_for_backward({condition});
-    if constexpr (Op::kBroadcasts) {
-      ctx->saved_data["x_shape"] = x.sym_sizes();
-      ctx->saved_data["y_shape"] = y.sym_sizes();
+    at::Tensor result;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      result = Op::call(condition, x, y);
     }
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["y_dtype"] = static_cast<int64_t>(y.scalar_type());
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return Op::call(condition, x, y);
+    save_branch(ctx, "x_shape", "x_dtype", x, result, Op::kBroadcasts);
+    save_branch(ctx, "y_shape", "y_dtype", y, result, Op::kBroadcasts);
+    return result;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor condition = ctx->get_saved_variables()[0];
     const at::Tensor& grad = grads[0];
     at::Tensor grad_x, grad_y;
-    const auto saved_shape = [&](const char* key) { return Op::kBroadcasts ? &ctx->saved_data[key] : nullptr; };
     if (ctx->needs_input_grad(1)) {
-      grad_x = to_branch(Op::x_part(condition, grad), saved_shape("x_shape"), ctx->saved_data["x_dtype"]);
+      grad_x = to_branch(Op::x_part(condition, grad), ctx, "x_shape", "x_dtype");
     }
     if (ctx->needs_input_grad(2)) {
-      grad_y = to_branch(Op::y_part(condition, grad), saved_shape("y_shape"), ctx->saved_data["y_dtype"]);
+      grad_y = to_branch(Op::y_part(condition, grad), ctx, "y_shape", "y_dtype");
     }
     return {at::Tensor(), grad_x, grad_y};
   }
@@ -154,16 +171,19 @@ class WhereWithNumber : public torch::autograd::Function<WhereWithNumber<kNumber
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& condition, const at::Tensor& tensor,
                             const at::Scalar& number) {
     ctx->save_for_backward({condition});
-    ctx->saved_data["shape"] = tensor.sym_sizes();
-    ctx->saved_data["dtype"] = static_cast<int64_t>(tensor.scalar_type());
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call(condition, tensor, number);
+    at::Tensor result;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      result = call(condition, tensor, number);
+    }
+    save_branch(ctx, "shape", "dtype", tensor, result, /*broadcasts=*/true);
+    return result;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor condition = ctx->get_saved_variables()[0];
     const at::Tensor part = kNumberIsX ? WhereSelf::y_part(condition, grads[0]) : WhereSelf::x_part(condition, grads[0]);
-    return {at::Tensor(), to_branch(part, &ctx->saved_data["shape"], ctx->saved_data["dtype"]), at::Tensor()};
+    return {at::Tensor(), to_branch(part, ctx, "shape", "dtype"), at::Tensor()};
   }
 };
 
