@@ -112,9 +112,9 @@ def test_inductor_cpp_wrapper_calls_the_ops_every_time():
         compiled = torch.compile(sized_ops, fullgraph=True, dynamic=False)
         for _ in range(3):
             assert_equal_outputs(compiled(*args), sized_ops(*args))
-        # The wrapper turns every C++ exception into a RuntimeError, not
-        # always with its message.
-        with pytest.raises(RuntimeError):
+        # torch 2.14's wrapper turns every C++ exception into a RuntimeError,
+        # not always with its message; 2.11's lets our IndexError through.
+        with pytest.raises((RuntimeError, IndexError)):
             compiled(x, mask, idx * 5, values, mask_grad)
 
 
