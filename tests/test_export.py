@@ -102,8 +102,8 @@ def test_inductor_cpp_wrapper_calls_the_ops_every_time():
     # Inductor's C++ wrapper (cpp_wrapper=True; AOTInductor packages use a
     # proxy instead) calls an op boxed, a list of sizes made a SymInt list,
     # which a kernel taking int64 sizes cannot unpack. In inference mode no
-    # autograd kernel sits in between to convert it; the first call, made
-    # from Python while compiling, passes either way.
+    # autograd kernel sits in between to convert it. The first call passed
+    # even so; the later ones did not.
     x, _, idx, values = inputs(5, 6)
     mask = torch.tensor([True, False, True, True, False])
     mask_grad = torch.randn(3, 3, generator=torch.Generator().manual_seed(3))
