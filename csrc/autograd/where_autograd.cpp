@@ -94,7 +94,11 @@ bool known_same_sizes(c10::SymIntArrayRef sizes, c10::SymIntArrayRef shape) {
 // branch's shape (under `shape_key`), where the op broadcasts and it may
 // differ from the result's, and its dtype (under `dtype_key`), where that
 // differs. A branch of the result's shape and dtype, the common call, saves
-// nothing, which spares each call the saved values' allocation and hashing.
+// nothing, which spares each call the saved values' allocation and hashing,
+// and its backward the sum_to_size and to() that would return the gradient
+// as it is, at a dispatch each (summing a 0-d gradient to a 0-d branch would
+// even add it to +0.0, turning -0.0 into +0.0, where torch.where's gradient
+// keeps the sign).
 void save_branch(AutogradContext* ctx, const char* shape_key, const char* dtype_key, const at::Tensor& branch,
                  const at::Tensor& result, bool broadcasts) {
   if (broadcasts && !known_same_sizes(branch.sym_sizes(), result.sym_sizes())) {
@@ -105,12 +109,8 @@ void save_branch(AutogradContext* ctx, const char* shape_key, const char* dtype_
   }
 }
 
-// The branch's gradient: `grad`, selected for it, in its dtype and summed
-// back to its shape, as save_branch recorded them. A gradient already of
-// that shape and dtype is returned as it is: sum_to_size and to() would
-// return it too, at a dispatch each, and summing a 0-d gradient to a 0-d
-// branch would add it to +0.0, turning -0.0 into +0.0, where torch.where's
-// gradient keeps the sign.
+// The branch's gradient: `grad` (of the result's shape), selected for it,
+// in its dtype and summed back to its shape, as save_branch recorded them.
 at::Tensor to_branch(at::Tensor grad, AutogradContext* ctx, const char* shape_key, const char* dtype_key) {
   const auto dtype = ctx->saved_data.find(dtype_key);
   const auto branch_dtype =
@@ -120,10 +120,7 @@ at::Tensor to_branch(at::Tensor grad, AutogradContext* ctx, const char* shape_ke
   }
   const auto shape = ctx->saved_data.find(shape_key);
   if (shape != ctx->saved_data.end()) {
-    const std::vector<c10::SymInt> branch_shape = shape->second.toSymIntVector();
-    if (!(branch_shape.empty() && grad.dim() == 0) && !known_same_sizes(grad.sym_sizes(), branch_shape)) {
-      grad = grad.sum_to_size_symint(branch_shape);
-    }
+    grad = grad.sum_to_size_symint(shape->second.toSymIntVector());
   }
   return grad.scalar_type() == branch_dtype ? grad : grad.to(branch_dtype);
 }
