@@ -14,9 +14,9 @@
 #include "boolean_mask.h"
 #include "common.h"
 #include "cuda/cub_call.cuh"
+#include "cuda/host_read.cuh"
 
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -49,15 +49,6 @@ at::Tensor inclusive_counts(const uint8_t* mask, int64_t rows, const at::TensorO
     return cub::DeviceScan::InclusiveSum(temp, temp_bytes, flags, out, rows, stream);
   });
   return counts;
-}
-
-// The one host synchronisation of the forward op, through c10's copy, so
-// that torch.cuda.set_sync_debug_mode warns of it (or refuses it) as it does
-// of torch's own x[mask].
-int64_t read_to_host(const int64_t* value, cudaStream_t stream) {
-  int64_t host = 0;
-  c10::cuda::memcpy_and_sync(&host, value, sizeof(host), cudaMemcpyDeviceToHost, stream);
-  return host;
 }
 
 // Position e of the [outer, rows, units] view (units of one slice), with the
@@ -452,6 +443,9 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
     return uninitialized(view.masked_shape(tensor.sizes(), 0), input.options());
   }
   const ChunkedMask chunked(mask, view.rows, input.options(), stream);
+  // The forward's one host synchronisation.
+  refuse_while_capturing("boolean_mask", "the number of rows mask selects",
+                         "select or where keep the tensor's shape and need no read");
   const int64_t selected = read_to_host(chunked.ends_data() + chunked.chunks - 1, stream);
 
   at::Tensor result = uninitialized(view.masked_shape(tensor.sizes(), selected), input.options());

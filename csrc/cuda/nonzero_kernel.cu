@@ -7,10 +7,10 @@
 // nonzero_static knows its size and never synchronises.
 #include "common.h"
 #include "cuda/cub_call.cuh"
+#include "cuda/host_read.cuh"
 
 #include <ATen/ops/full.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -156,11 +156,10 @@ at::Tensor tile_starts(const at::Tensor& input, NonzeroBits<T> nonzero, cudaStre
 }
 
 // The total of tile_starts, read back to the host (nonzero's one sync).
-int64_t read_total(const at::Tensor& starts, cudaStream_t stream) {
-  int64_t total = 0;
-  c10::cuda::memcpy_and_sync(&total, starts.const_data_ptr<int64_t>() + starts.numel() - 1, sizeof(int64_t),
-                             cudaMemcpyDeviceToHost, stream);
-  return total;
+int64_t read_total(const char* op, const at::Tensor& starts, cudaStream_t stream) {
+  refuse_while_capturing(op, "the number of nonzero elements",
+                         "nonzero_static takes the size from its caller and needs no read");
+  return read_to_host(starts.const_data_ptr<int64_t>() + starts.numel() - 1, stream);
 }
 
 template <typename T>
@@ -227,7 +226,7 @@ at::Tensor nonzero_cuda(const at::Tensor& self) {
   at::Tensor result = uninitialized({0, self.dim()}, self.options().dtype(at::kLong));
   with_input("nonzero", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
     const at::Tensor starts = tile_starts(input, nonzero, stream);
-    const int64_t total = read_total(starts, stream);
+    const int64_t total = read_total("nonzero", starts, stream);
     result = uninitialized({total, self.dim()}, self.options().dtype(at::kLong));
     if (total > 0 && self.dim() > 0) {
       write_rows(input, nonzero, starts, row_major_columns(input, result, total), stream);
@@ -243,7 +242,7 @@ std::vector<at::Tensor> nonzero_tuple_cuda(const at::Tensor& self) {
   }
   with_input("nonzero_tuple", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
     const at::Tensor starts = tile_starts(input, nonzero, stream);
-    const int64_t total = read_total(starts, stream);
+    const int64_t total = read_total("nonzero_tuple", starts, stream);
     IndexColumns out = columns_for(input, 1, total);
     for (int j = 0; j < out.dims; ++j) {
       result[j] = uninitialized({total}, self.options().dtype(at::kLong));

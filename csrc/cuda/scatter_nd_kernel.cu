@@ -27,6 +27,7 @@
 // they are simply dropped (gather writes zeros for them).
 #include "common.h"
 #include "cuda/cub_call.cuh"
+#include "cuda/host_read.cuh"
 #include "scatter_nd_index.h"
 
 #include <ATen/Context.h>
@@ -130,6 +131,13 @@ __device__ inline void atomic_accumulate(T* address, T v) {
   }
 }
 
+// check_bounds's one read, refused during a CUDA graph capture.
+void refuse_out_of_bounds_read_while_capturing(const char* op) {
+  refuse_while_capturing(op, "with check_bounds=True, whether an index row is out of bounds",
+                         "pass check_bounds=False inside the capture (rows out of bounds are then skipped by "
+                         "scatters and read as zeros by gather_nd)");
+}
+
 // The int64 on the device where kernels record the first index row out of
 // bounds (above every row number while there is none); absent without
 // check_bounds.
@@ -151,6 +159,7 @@ class FirstBadRow {
     if (!flag_.defined()) {
       return;
     }
+    refuse_out_of_bounds_read_while_capturing(op);
     const int64_t bad = flag_.item<int64_t>();
     if (bad < num_rows_) {
       raise_out_of_bounds(op, indices, bad, shape);
@@ -748,6 +757,7 @@ at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, b
 
 void check_gather_nd_indices_cuda(const at::Tensor& indices, c10::SymIntArrayRef params_shape,
                                   const at::Tensor& out_of_bounds) {
+  refuse_out_of_bounds_read_while_capturing("gather_nd");
   check_gather_nd_indices_op(indices, C10_AS_INTARRAYREF_SLOW(params_shape), out_of_bounds, raise_first_bad_row_cuda);
 }
 

@@ -1,5 +1,8 @@
-// The fibers, barriers and launches of cuda_emulation.h.
+// The fibers, barriers and launches of cuda_emulation.h, and the switch of
+// its emulated CUDA graph capture.
 #include "cuda_emulation.h"
+
+#include <torch/library.h>
 
 #include <ucontext.h>
 
@@ -12,6 +15,7 @@
 
 namespace cuda_emulation {
 
+bool capturing = false;
 uint3 block_index{0, 0, 0};
 dim3 grid_size;
 dim3 block_size;
@@ -233,3 +237,7 @@ at::Tensor filled_with_garbage(at::Tensor t) {
 }
 
 }  // namespace cuda_emulation
+
+TORCH_LIBRARY(cuda_emulation, m) {
+  m.def("set_capturing(bool capturing) -> ()", [](bool capturing) { cuda_emulation::capturing = capturing; });
+}

@@ -73,6 +73,11 @@ constexpr int kBlocksPerProcessor = 2;
 // to write shows, as the GPU's reused memory would show it.
 at::Tensor filled_with_garbage(at::Tensor t);
 
+// Whether the stream is being captured into a CUDA graph: set and cleared by
+// the tests through torch.ops.cuda_emulation.set_capturing. A copy back to
+// the host then fails, as CUDA fails it.
+extern bool capturing;
+
 }  // namespace cuda_emulation
 
 #define threadIdx (::cuda_emulation::thread_index())

@@ -1,0 +1,32 @@
+// The CUDA kernels' reads back to the host. nonzero and boolean_mask read
+// their result's size, and check_bounds reads whether an index row is out
+// of bounds, each once a call. A CUDA graph capture cannot wait for the
+// device: CUDA would fail the capture with "operation not permitted when
+// stream is capturing", naming neither the op nor a way out. So a read
+// during a capture is refused first, by name.
+#pragma once
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+namespace torch_masked {
+
+// Raises RuntimeError while the current stream is captured into a CUDA graph.
+inline void refuse_while_capturing(const char* op, const char* what, const char* instead) {
+  TORCH_CHECK(c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None, op, ": ", what,
+              " must be read back to the host, which cannot be done while a CUDA graph is being captured; ", instead);
+}
+
+// *value on the host, through c10's copy, so that
+// torch.cuda.set_sync_debug_mode warns of it (or refuses it) as it does of
+// torch's own x[mask] and nonzero.
+inline int64_t read_to_host(const int64_t* value, cudaStream_t stream) {
+  int64_t host = 0;
+  c10::cuda::memcpy_and_sync(&host, value, sizeof(host), cudaMemcpyDeviceToHost, stream);
+  return host;
+}
+
+}  // namespace torch_masked
