@@ -222,26 +222,44 @@ def test_a_fused_gather_nd_keeps_only_its_check_out_of_cuda_graphs(monkeypatch, 
     assert unsafe == ([masked.check_gather_nd_indices.default] if check_bounds else [])
 
 
-def compiled_step(x, indices, updates):
+def loss_of(x, indices, updates):
     gathered = torch_masked.gather_nd(x * 2, indices)
     scattered = torch_masked.scatter_nd(indices, updates, list(x.shape[:1]))
-    return gathered.sum(dim=-1).relu(), scattered * 2
+    return gathered.sum(dim=-1).relu().sum() + (scattered * 2).square().sum()
+
+
+def step_inputs(gen):
+    x = torch.randn(50, 8, generator=gen).cuda().requires_grad_()
+    indices = torch.randint(0, 50, (30, 1), generator=gen).cuda()
+    updates = torch.randn(30, generator=gen).cuda().requires_grad_()
+    return x, indices, updates
+
+
+def loss_and_grads(loss_fn, x, indices, updates):
+    x, updates = x.detach().requires_grad_(), updates.detach().requires_grad_()
+    loss = loss_fn(x, indices, updates)
+    loss.backward()
+    return loss.detach(), x.grad, updates.grad
 
 
 @pytest.mark.cuda
-def test_reduce_overhead_graphs_run_the_reads_between_them():
+def test_reduce_overhead_training_step_runs_the_reads_between_its_graphs():
+    """Forward and backward (gather_nd's is a scatter_nd, scatter_nd's a
+    gather_nd) compiled with CUDA graphs equal eager; an index out of bounds
+    is still gather_nd's or scatter_nd's IndexError, and the step runs on."""
     torch.compiler.reset()
-    step = torch.compile(compiled_step, mode="reduce-overhead", fullgraph=True)
+    step = torch.compile(loss_of, mode="reduce-overhead", fullgraph=True)
     gen = torch.Generator().manual_seed(5)
     for _ in range(4):  # warm-up, recording, then replays of the CUDA graphs
-        x = torch.randn(50, 8, generator=gen).cuda()
-        indices = torch.randint(0, 50, (30, 1), generator=gen).cuda()
-        updates = torch.randn(30, generator=gen).cuda()
-        torch.testing.assert_close(step(x, indices, updates), compiled_step(x, indices, updates))
+        inputs = step_inputs(gen)
+        for actual, expected in zip(loss_and_grads(step, *inputs), loss_and_grads(loss_of, *inputs), strict=True):
+            torch.testing.assert_close(actual, expected)
+    x, indices, updates = inputs
     indices[7, 0] = 50
     # gather_nd's check or scatter_nd's, whichever Inductor orders first.
     with pytest.raises(IndexError, match=r"(gather_nd|scatter_nd): expected every index within .*, got \[50\] at "
                                          r"indices\[7\]"):
         step(x, indices, updates)
     indices[7, 0] = 3
-    torch.testing.assert_close(step(x, indices, updates), compiled_step(x, indices, updates))
+    for actual, expected in zip(loss_and_grads(step, *inputs), loss_and_grads(loss_of, *inputs), strict=True):
+        torch.testing.assert_close(actual, expected)
