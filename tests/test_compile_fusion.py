@@ -1,7 +1,8 @@
 """where and select inside graphs compiled by Inductor (torch_masked/compile.py):
 values against eager torch.where and our eager kernels for every overload
 and dtype pair, fused (no call of our op in the generated code) or declined;
-compiled backward; torch.export keeping masked:: ops; the opaque switch.
+compiled backward, and compiled autograd over every op; torch.export
+keeping masked:: ops; the opaque switch.
 
 Compiles cost seconds here, so each test compiles one graph holding many
 cases. What is tested is Inductor's code on the CPU, not our kernels, so the
@@ -185,6 +186,44 @@ def test_compiled_backward_matches_eager_and_is_fused(device, dynamic):
             torch.testing.assert_close(compiled_value, eager)
         assert grads[1][1].dtype == torch.float32 and grads[1][2].dtype == torch.float32
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def every_op_loss(c, indices, x, y):
+    return (torch_masked.where(c, x, y).sum() + torch_masked.select(c, x, y).square().sum()
+            + torch_masked.where(c, x, 0.5).sum() + torch_masked.where(c, 0.5, y).square().sum()
+            + torch_masked.gather_nd(x, indices).sum() + torch_masked.boolean_mask(y, c).square().sum()
+            + torch_masked.scatter_nd(indices, x[:4], [10]).square().sum()
+            + torch_masked.tensor_scatter_nd_add(x, indices, y[:4]).square().sum())
+
+
+@pytest.mark.parametrize("forward", ["compiled", "eager"])
+def test_compiled_autograd_takes_every_op_backward(forward):
+    """torch._dynamo.config.compiled_autograd: the backward of a compiled
+    step is traced and compiled too, through the backward graphs of compiled
+    forwards and, for a forward left eager (boolean_mask's size known only at
+    run time breaks the graph; or every op, below), our C++ autograd nodes."""
+    c = make_tensor((10,), torch.bool, "cpu", generator=gen(40))
+    indices = torch.randint(0, 10, (4, 1), generator=gen(41))
+    x, y = torch.randn(10, generator=gen(42)), torch.randn(10, generator=gen(43))
+    loss_of = every_op_loss if forward == "compiled" else torch.compiler.disable(every_op_loss)
+
+    def step(x, y):
+        loss = loss_of(c, indices, x, y)
+        loss.backward()
+        return loss.detach()
+
+    def loss_and_grads(run):
+        leaves = x.clone().requires_grad_(), y.clone().requires_grad_()
+        return run(*leaves), *(leaf.grad for leaf in leaves)
+
+    expected = loss_and_grads(step)
+    counters.clear()
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        actual = loss_and_grads(torch.compile(step))
+    assert counters["compiled_autograd"]["captures"] == 1
+    for compiled_value, eager in zip(actual, expected, strict=True):
+        torch.testing.assert_close(compiled_value, eager)
 
 
 def test_declined_cases_run_our_kernel_and_raise_as_eager():
