@@ -444,9 +444,9 @@ at::Tensor boolean_mask_cuda(const at::Tensor& tensor, const at::Tensor& mask, i
   }
   const ChunkedMask chunked(mask, view.rows, input.options(), stream);
   // The forward's one host synchronisation.
-  refuse_while_capturing("boolean_mask", "the number of rows mask selects",
-                         "select or where keep the tensor's shape and need no read");
-  const int64_t selected = read_to_host(chunked.ends_data() + chunked.chunks - 1, stream);
+  const int64_t selected = read_to_host(chunked.ends_data() + chunked.chunks - 1, stream, "boolean_mask",
+                                        "the number of rows mask selects",
+                                        "select or where keep the tensor's shape and need no read");
 
   at::Tensor result = uninitialized(view.masked_shape(tensor.sizes(), selected), input.options());
   if (result.numel() == 0) {

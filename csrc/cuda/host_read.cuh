@@ -14,16 +14,19 @@
 
 namespace torch_masked {
 
-// Raises RuntimeError while the current stream is captured into a CUDA graph.
+// Raises RuntimeError while the current stream is captured into a CUDA
+// graph: `op`'s `what` must be read back, and `instead` says what needs no read.
 inline void refuse_while_capturing(const char* op, const char* what, const char* instead) {
   TORCH_CHECK(c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None, op, ": ", what,
               " must be read back to the host, which cannot be done while a CUDA graph is being captured; ", instead);
 }
 
-// *value on the host, through c10's copy, so that
+// *value on the host, refused while capturing, through c10's copy, so that
 // torch.cuda.set_sync_debug_mode warns of it (or refuses it) as it does of
 // torch's own x[mask] and nonzero.
-inline int64_t read_to_host(const int64_t* value, cudaStream_t stream) {
+inline int64_t read_to_host(const int64_t* value, cudaStream_t stream, const char* op, const char* what,
+                            const char* instead) {
+  refuse_while_capturing(op, what, instead);
   int64_t host = 0;
   c10::cuda::memcpy_and_sync(&host, value, sizeof(host), cudaMemcpyDeviceToHost, stream);
   return host;

@@ -157,9 +157,9 @@ at::Tensor tile_starts(const at::Tensor& input, NonzeroBits<T> nonzero, cudaStre
 
 // The total of tile_starts, read back to the host (nonzero's one sync).
 int64_t read_total(const char* op, const at::Tensor& starts, cudaStream_t stream) {
-  refuse_while_capturing(op, "the number of nonzero elements",
-                         "nonzero_static takes the size from its caller and needs no read");
-  return read_to_host(starts.const_data_ptr<int64_t>() + starts.numel() - 1, stream);
+  return read_to_host(starts.const_data_ptr<int64_t>() + starts.numel() - 1, stream, op,
+                      "the number of nonzero elements",
+                      "nonzero_static takes the size from its caller and needs no read");
 }
 
 template <typename T>

@@ -131,12 +131,11 @@ __device__ inline void atomic_accumulate(T* address, T v) {
   }
 }
 
-// check_bounds's one read, refused during a CUDA graph capture.
-void refuse_out_of_bounds_read_while_capturing(const char* op) {
-  refuse_while_capturing(op, "with check_bounds=True, whether an index row is out of bounds",
-                         "pass check_bounds=False inside the capture (rows out of bounds are then skipped by "
-                         "scatters and read as zeros by gather_nd)");
-}
+// What check_bounds reads back, and what needs no read (host_read.cuh).
+constexpr const char* kOutOfBoundsRead = "with check_bounds=True, whether an index row is out of bounds";
+constexpr const char* kWithoutTheRead =
+    "pass check_bounds=False inside the capture (rows out of bounds are then skipped by scatters and read as "
+    "zeros by gather_nd)";
 
 // The int64 on the device where kernels record the first index row out of
 // bounds (above every row number while there is none); absent without
@@ -145,6 +144,7 @@ class FirstBadRow {
  public:
   FirstBadRow(bool check_bounds, const NdIndexGeometry& g, c10::Device device, cudaStream_t stream)
       : num_rows_(g.num_rows),
+        stream_(stream),
         flag_(check_bounds ? uninitialized({1}, at::TensorOptions(at::kLong).device(device)) : at::Tensor()) {
     if (flag_.defined()) {
       // Every byte 0x7f: 0x7f7f7f7f7f7f7f7f, more rows than memory holds.
@@ -159,8 +159,7 @@ class FirstBadRow {
     if (!flag_.defined()) {
       return;
     }
-    refuse_out_of_bounds_read_while_capturing(op);
-    const int64_t bad = flag_.item<int64_t>();
+    const int64_t bad = read_to_host(flag_.const_data_ptr<int64_t>(), stream_, op, kOutOfBoundsRead, kWithoutTheRead);
     if (bad < num_rows_) {
       raise_out_of_bounds(op, indices, bad, shape);
     }
@@ -168,6 +167,7 @@ class FirstBadRow {
 
  private:
   int64_t num_rows_;
+  cudaStream_t stream_;
   at::Tensor flag_;
 };
 
@@ -757,7 +757,8 @@ at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, b
 
 void check_gather_nd_indices_cuda(const at::Tensor& indices, c10::SymIntArrayRef params_shape,
                                   const at::Tensor& out_of_bounds) {
-  refuse_out_of_bounds_read_while_capturing("gather_nd");
+  // The shared check reads out_of_bounds with item(), not read_to_host.
+  refuse_while_capturing("gather_nd", kOutOfBoundsRead, kWithoutTheRead);
   check_gather_nd_indices_op(indices, C10_AS_INTARRAYREF_SLOW(params_shape), out_of_bounds, raise_first_bad_row_cuda);
 }
 
