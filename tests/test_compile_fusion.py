@@ -50,7 +50,7 @@ def triton_code_for_cpu_tensors():
     CPU tensors, which Triton's interpreter runs: the GPU's path short of the
     GPU. Triton asks its active driver only for the target to compile for;
     where there is none (no GPU), it is told a Hopper GPU's, as on the GPU
-    machines. The stand-in lives in this process: no compile workers."""
+    machines."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
 
@@ -63,7 +63,7 @@ def triton_code_for_cpu_tensors():
     except RuntimeError:  # no driver
         triton.runtime.driver.set_active(HopperTarget())
     try:
-        with warnings.catch_warnings(), inductor_config.patch(cpu_backend="triton", compile_threads=1):
+        with warnings.catch_warnings(), inductor_config.patch(cpu_backend="triton"):
             warnings.filterwarnings("ignore", "Could not find an active CPU backend")
             yield
     finally:
@@ -688,10 +688,11 @@ def test_triton_code_runs_interpreted():
     # The tests above that take `device`, with Inductor's Triton code run by
     # Triton's interpreter, in a process of its own: Triton chooses the
     # interpreter for each kernel and helper as it is defined, so from its
-    # import on.
+    # import on. Kernels compile in that process, where the driver's
+    # stand-in is, with no pool of compile workers to start and wait for.
     pytest.importorskip("triton")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "triton-interpreted"],
-        env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+        env=dict(os.environ, TRITON_INTERPRET="1", TORCHINDUCTOR_COMPILE_THREADS="1"), capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
