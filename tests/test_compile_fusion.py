@@ -723,7 +723,7 @@ def compile_for_hopper(cache_dir):
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the process it starts")
-def test_triton_code_runs_interpreted_and_compiles_for_hopper(tmp_path):
+def test_triton_code_runs_interpreted_and_compiles_for_hopper(tmp_path, monkeypatch):
     # The tests above that take `device`, with Inductor's Triton code run by
     # Triton's interpreter, in a process of its own: Triton chooses the
     # interpreter for each kernel and helper as it is defined, so from its
@@ -739,6 +739,7 @@ def test_triton_code_runs_interpreted_and_compiles_for_hopper(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     # Then the kernels it generated (its Inductor cache is tmp_path), as a GPU
-    # would take them.
+    # would take them; the cubins too go to tmp_path.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cubins"))
     names = compile_for_hopper(tmp_path)
     assert any("gather_nd" in name for name in names) and any("where" in name for name in names), names
