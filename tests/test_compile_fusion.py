@@ -196,17 +196,17 @@ def test_fused_where_and_select_leave_no_call_of_ours(device):
     exact(result[1], torch.where(c[0, 0], x.double(), y.double()))
 
 
-def test_select_rows_scalar_and_same_shape_every_rank():
+def test_select_rows_scalar_and_same_shape_every_rank(device):
     def selections(conditions, x, y):
         return [torch_masked.select(c, x, y) for c in conditions]
 
     for shape in [(4,), (4, 3), (4, 3, 2)]:
-        x = make_tensor(shape, torch.int32, "cpu", generator=gen(5))
-        y = make_tensor(shape, torch.float16, "cpu", generator=gen(6))
+        x = make_tensor(shape, torch.int32, device, generator=gen(5))
+        y = make_tensor(shape, torch.float16, device, generator=gen(6))
         conditions = [
-            make_tensor((), torch.bool, "cpu", generator=gen(7)),
-            make_tensor(shape, torch.bool, "cpu", generator=gen(8)),
-            make_tensor((4,), torch.bool, "cpu", generator=gen(9)),
+            make_tensor((), torch.bool, device, generator=gen(7)),
+            make_tensor(shape, torch.bool, device, generator=gen(8)),
+            make_tensor((4,), torch.bool, device, generator=gen(9)),
         ]
         results, code = run_and_get_code(torch.compile(selections, fullgraph=True), conditions, x, y)
         assert not OUR_CALL.search("\n".join(code))
@@ -216,10 +216,10 @@ def test_select_rows_scalar_and_same_shape_every_rank():
             exact(result, ours)
 
 
-def test_non_contiguous_operands_give_a_contiguous_result():
-    c = make_tensor((5, 4), torch.bool, "cpu", generator=gen(10))
-    x = make_tensor((4, 5), torch.float32, "cpu", generator=gen(11)).t()
-    y = non_contiguous(make_tensor((5, 4), torch.float64, "cpu", generator=gen(12)))
+def test_non_contiguous_operands_give_a_contiguous_result(device):
+    c = make_tensor((5, 4), torch.bool, device, generator=gen(10))
+    x = make_tensor((4, 5), torch.float32, device, generator=gen(11)).t()
+    y = non_contiguous(make_tensor((5, 4), torch.float64, device, generator=gen(12)))
     fn = torch.compile(lambda c, x, y: (torch_masked.where(c, x, y), torch_masked.select(c.t(), x.t(), y.t())), fullgraph=True)
     where, select = fn(c, x, y)
     exact(where, torch.where(c, x, y))
@@ -499,7 +499,7 @@ CHECK_CALL = "torch.ops.masked.check_gather_nd_indices.default("
 GUARDED_CHECK_CALL = re.compile(rf"^ *if (buf\d+)\.item\(\): {re.escape(CHECK_CALL)}.*, \1\)$", re.MULTILINE)
 # Inductor's own bounds assert on an indirect load, which the fused gather_nd skips.
 INDUCTOR_ASSERT = "index out of bounds"
-KERNEL = "async_compile.cpp_pybinding("  # one per generated C++ kernel
+KERNEL = re.compile(r"async_compile\.(cpp_pybinding|triton)\(")  # one per generated C++ or Triton kernel
 
 
 def native_gather(params, indices):
@@ -599,17 +599,17 @@ def test_gather_nd_compiled_raises_the_eager_index_error(device):
     torch.testing.assert_close(compiled(params, good), ((params * 2)[tuple(good.unbind(-1))] + 1).sum(-1))
 
 
-def test_gather_nd_check_adds_no_pass_to_a_reduction_over_its_rows():
+def test_gather_nd_check_adds_no_pass_to_a_reduction_over_its_rows(device):
     # (gather_nd(x, idx) * 2 + 1).sum(): whether a row is out of bounds is
     # found in the loop that sums the rows, so the graph is that one kernel
     # and the check's call, made only if that loop found one, as native
     # x[idx] is one kernel.
-    x, indices = torch.randn(50, generator=gen(25)), torch.randint(0, 50, (40, 1), generator=gen(26))
+    x, indices = torch.randn(50, generator=gen(25)).to(device), torch.randint(0, 50, (40, 1), generator=gen(26)).to(device)
     result, code = run_and_get_code(
         torch.compile(lambda x, i: (torch_masked.gather_nd(x, i) * 2 + 1).sum(), fullgraph=True), x, indices
     )
     code = "\n".join(code)
-    assert code.count(KERNEL) == 1 and len(GUARDED_CHECK_CALL.findall(code)) == 1 and INDUCTOR_ASSERT not in code
+    assert len(KERNEL.findall(code)) == 1 and len(GUARDED_CHECK_CALL.findall(code)) == 1 and INDUCTOR_ASSERT not in code
     torch.testing.assert_close(result, (x[indices[:, 0]] * 2 + 1).sum())
 
 
@@ -635,7 +635,7 @@ def test_gather_nd_declined_cases_run_our_kernel():
     exact(results[3], params[mask][[1]])
 
 
-def test_gather_nd_of_data_dependent_rows_and_compiled_backward():
+def test_gather_nd_of_data_dependent_rows_and_compiled_backward(device):
     # tf.gather_nd(x, tf.where(m)): rows whose number is known only at run
     # time; the backward (scatter_nd of the gradient) stays our kernel.
     def loss(gather, x, m, w):
@@ -644,12 +644,12 @@ def test_gather_nd_of_data_dependent_rows_and_compiled_backward():
     def ours(x, m):
         return torch_masked.gather_nd(x, torch_masked.where(m))
 
-    x, m = torch.randn(5, 4, generator=gen(22)), torch.rand(5, 4, generator=gen(23)) < 0.5
+    x, m = torch.randn(5, 4, generator=gen(22)).to(device), (torch.rand(5, 4, generator=gen(23)) < 0.5).to(device)
     compiled = torch.compile(loss, fullgraph=True)
     values = []
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         for fn, gather in [(compiled, ours), (loss, ours), (loss, lambda x, m: x[m])]:
-            w = torch.randn(4, generator=gen(24)).requires_grad_()
+            w = torch.randn(4, generator=gen(24)).to(device).requires_grad_()
             value = fn(gather, x, m, w)
             values.append((value.detach(), *torch.autograd.grad(value, w)))
     torch.testing.assert_close(values[0], values[1], rtol=0, atol=0)
