@@ -75,18 +75,6 @@ def triton_code_for_cpu_tensors():
         torch_triton.triton_hash_with_backend.cache_clear()
 
 
-def interpreter_takes_run_time_loop_bounds():
-    """Triton's interpreter before 3.8 reads a loop bound known only at run
-    time as int() of a 1-element array, which NumPy 2.4 refuses."""
-    import numpy
-    import triton
-
-    def version(module):
-        return tuple(int(part) for part in module.__version__.split(".")[:2])
-
-    return version(triton) >= (3, 8) or version(numpy) < (2, 4)
-
-
 # Inductor's code on each device: C++ on the CPU and Triton on CUDA; in the
 # process that interprets Triton, Triton for CPU tensors ("triton-interpreted").
 @pytest.fixture(params=["triton-interpreted"] if INTERPRETED else DEVICES)
@@ -94,8 +82,6 @@ def device(request):
     if request.param != "triton-interpreted":
         yield request.param
         return
-    if request.node.callspec.params.get("dynamic") and not interpreter_takes_run_time_loop_bounds():
-        pytest.skip("Triton's interpreter before 3.8 takes no loop bound known only at run time under NumPy 2.4")
     torch._dynamo.reset()
     with triton_code_for_cpu_tensors():
         yield "cpu"
@@ -737,7 +723,9 @@ def test_triton_code_runs_interpreted_and_compiles_for_hopper(tmp_path, monkeypa
     # interpreter for each kernel and helper as it is defined, so from its
     # import on. Kernels compile in that process, where the driver's
     # stand-in is, with no pool of compile workers to start and wait for.
-    pytest.importorskip("triton")
+    # Before 3.8, the interpreter takes no bool argument, nor (under NumPy
+    # 2.4) a loop bound known only at run time.
+    pytest.importorskip("triton", minversion="3.8")
     environment = dict(
         os.environ, TRITON_INTERPRET="1", TORCHINDUCTOR_COMPILE_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path)
     )
