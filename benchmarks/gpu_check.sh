@@ -27,7 +27,8 @@
 #             substrings of the cases separated by ';', picks others), for at
 #             most PROFILE_LIMIT seconds (150);
 #   bench     the report (benchmarks/report.py: the copy bandwidth, then the
-#             CUDA benchmarks) for what is left of TOTAL_LIMIT (540), so that
+#             CUDA benchmarks, the compiled chains first unless OPS says
+#             otherwise) for what is left of TOTAL_LIMIT (540), so that
 #             a hang still leaves the rows measured before it (rows.json is
 #             rewritten after each, and the report written when cut short),
 #             then the goals table; RESULTS.md and plots/cuda/ are copied to
@@ -98,8 +99,11 @@ if [[ " $STEPS " != *" bench "* ]]; then
 fi
 
 bench_limit=$(( ${TOTAL_LIMIT:-540} - SECONDS ))
+# The compiled chains first (no GPU has timed them yet), then the other ops
+# in run.py's order, so that a run cut short has them.
+bench_ops=${OPS:-$(cd benchmarks && python3 -c "from run import OPS; print(','.join(sorted(OPS, key=lambda op: op != 'compiled')))")}
 timeout -k 20 "$(( bench_limit > 30 ? bench_limit : 30 ))" \
-  python3 benchmarks/report.py --device cuda ${OPS:+--ops "$OPS"} --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
+  python3 benchmarks/report.py --device cuda --ops "$bench_ops" --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
 bench_rc=$?
 grep -E "^report:" "$OUT/bench.err"
 tail -3 "$OUT/bench.err"
