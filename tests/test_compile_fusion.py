@@ -9,9 +9,8 @@ cases. What is tested is Inductor's code on the CPU, not our kernels, so the
 tests are marked cpu_kernel: the CUDA kernels' emulated run leaves them out.
 The tests that take `device` run on CUDA where there is a GPU, and
 everywhere as the Triton code Inductor generates for a GPU, run by Triton's
-interpreter and compiled for sm_90
-(test_triton_code_runs_interpreted_and_compiles_for_hopper): on the CPU,
-that tests the GPU's generated code short of running it on a GPU."""
+interpreter and compiled for sm_90 (tests/test_triton_interpreted.py): on
+the CPU, that tests the GPU's generated code short of running it on a GPU."""
 import contextlib
 import os
 import re
@@ -41,7 +40,7 @@ OUR_CALL = re.compile(r"torch\.ops\.masked\.(where|select)\b")
 
 
 # Set when Triton was imported: its interpreter runs the kernels that Inductor
-# generates as Triton code (test_triton_code_runs_interpreted_and_compiles_for_hopper).
+# generates as Triton code (tests/test_triton_interpreted.py).
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -676,66 +675,3 @@ def test_import_does_not_load_inductor_and_registers_when_it_loads():
     environment = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1")
     for script in (imported_first, inductor_first):
         subprocess.run([sys.executable, "-c", script + registered], check=True, env=environment)
-
-
-def compile_for_hopper(cache_dir):
-    """Compiles every Triton kernel that Inductor wrote to `cache_dir`, with
-    each of its configurations, for sm_90 as Triton does on an H100 or H200:
-    to PTX, then to a cubin by ptxas, which needs no GPU. Returns the
-    kernels' names."""
-    import importlib.util
-
-    import triton
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = []
-    for path in sorted(cache_dir.rglob("*.py")):
-        source = path.read_text()
-        # A kernel's own module; a wrapper holds its kernels' sources too,
-        # and compiles them when loaded.
-        if "@triton.jit" not in source or "async_compile" in source:
-            continue
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Could not find an active CPU backend")
-            spec.loader.exec_module(module)
-        for name, kernel in vars(module).items():
-            if isinstance(kernel, CachingAutotuner):
-                meta = kernel.triton_meta
-                for config in kernel.configs:
-                    constants = {**meta["constants"], **config.kwargs}
-                    triton.compile(
-                        ASTSource(kernel.fn, meta["signature"], constants, meta["configs"][0]),
-                        target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
-                    )
-                names.append(name)
-    return names
-
-
-@pytest.mark.skipif(INTERPRETED, reason="the process it starts")
-def test_triton_code_runs_interpreted_and_compiles_for_hopper(tmp_path, monkeypatch):
-    # The tests above that take `device`, with Inductor's Triton code run by
-    # Triton's interpreter, in a process of its own: Triton chooses the
-    # interpreter for each kernel and helper as it is defined, so from its
-    # import on. Kernels compile in that process, where the driver's
-    # stand-in is, with no pool of compile workers to start and wait for.
-    # Before 3.8, the interpreter takes no bool argument, nor (under NumPy
-    # 2.4) a loop bound known only at run time.
-    pytest.importorskip("triton", minversion="3.8")
-    environment = dict(
-        os.environ, TRITON_INTERPRET="1", TORCHINDUCTOR_COMPILE_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path)
-    )
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "triton-interpreted"],
-        env=environment, capture_output=True, text=True,
-    )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    # Then the kernels it generated (its Inductor cache is tmp_path), as a GPU
-    # would take them; the cubins too go to tmp_path.
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cubins"))
-    names = compile_for_hopper(tmp_path)
-    assert any("gather_nd" in name for name in names) and any("where" in name for name in names), names
