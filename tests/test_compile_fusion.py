@@ -81,10 +81,8 @@ def device(request):
     if request.param != "triton-interpreted":
         yield request.param
         return
-    torch._dynamo.reset()
     with triton_code_for_cpu_tensors():
         yield "cpu"
-    torch._dynamo.reset()
 
 
 def gen(seed=0):
