@@ -85,7 +85,12 @@ class Selects(torch.nn.Module):
     def forward(self, c, row, scalar, x, y, xi):
         return (tm.where(c, x, y), tm.where(c[:1], x, 2), tm.where(c, 0.5, xi), tm.where(c, xi, 3),
                 tm.where(c, x, True), tm.where(c, xi.to(torch.int8), -100),
-                tm.select(scalar, x, y), tm.select(c, x, xi), tm.select(row, x, y), tm.select(row, xi, x))
+                tm.select(scalar, x, y), tm.select(c, x, xi), tm.select(row, x, y), tm.select(row, xi, x),
+                # A 0-d float64 beside a float32 tensor with dimensions: float32.
+                tm.where(c, x, y[0, 0]),
+                # Result types onnxruntime's Where lacks: bool, int16, bfloat16.
+                tm.where(c, c, row[:, None]), tm.select(c, xi.to(torch.int8), xi.to(torch.uint8)),
+                tm.where(c, x.to(torch.bfloat16), -1).float())
 
 
 def test_where_and_select_modes():
@@ -102,7 +107,9 @@ def test_where_and_select_modes():
 class BooleanMasks(torch.nn.Module):
     def forward(self, t, rows, plane, last, leading, ints):
         return (tm.boolean_mask(t, rows), tm.boolean_mask(t, plane, axis=1), tm.boolean_mask(t, last, axis=-1),
-                tm.boolean_mask(t, leading), tm.boolean_mask(ints, plane, axis=-2), tm.boolean_mask(rows, rows))
+                tm.boolean_mask(t, leading), tm.boolean_mask(ints, plane, axis=-2), tm.boolean_mask(rows, rows),
+                # ONNX's Compress takes no bfloat16 (numpy has none either: compared as float).
+                tm.boolean_mask(t.bfloat16(), rows).float(), tm.boolean_mask(t.bfloat16(), plane, axis=1).float())
 
 
 def test_boolean_mask_axes_and_ranks():
@@ -121,7 +128,10 @@ class Scatters(torch.nn.Module):
     def forward(self, idx, idx32, values, slices, base, flags, whole, one):
         ints = (values * 10).to(torch.int64)
         return (tm.scatter_nd(idx, values, [4, 3]), tm.scatter_nd(idx, values.half(), [4, 3]),
-                tm.tensor_scatter_nd_add(base.bfloat16(), idx32, slices.bfloat16()).float(),  # numpy has no bfloat16 tm.scatter_nd(idx32, slices, [4, 3]),
+                # numpy has no bfloat16: compared as float.
+                tm.tensor_scatter_nd_add(base.bfloat16(), idx32, slices.bfloat16()).float(),
+                tm.scatter_nd(idx, values.bfloat16(), [4, 3]).float(), tm.gather_nd(base.bfloat16(), idx).float(),
+                tm.scatter_nd(idx32, slices, [4, 3]),
                 tm.tensor_scatter_nd_add(base, idx, values), tm.tensor_scatter_nd_add(base, idx32, slices),
                 tm.scatter_nd(idx, ints, [4, 3]), tm.gather_nd(base, idx), tm.gather_nd(base, idx32),
                 tm.scatter_nd(idx, flags, [4, 3]), tm.tensor_scatter_nd_add(base > 0, idx, flags),

@@ -312,16 +312,22 @@ def mixes(*operands):
 
 
 WHERE_CONDITION = flags(5, 1)
+UINT8_0D = torch.tensor(2, dtype=torch.uint8)
 VMAP_CASES = {
     "where": (torch_masked.where, (WHERE_CONDITION, rand(5, 4), rand(4))),
     "where_int_and_float": (torch_masked.where, (WHERE_CONDITION, torch.arange(4), rand(5, 1).float())),
     "where.self": (ops.where.self, (flags(4), rand(3, 1), rand(1).squeeze())),
     "where_number_y": (lambda c, x: torch_masked.where(c, x, 2.5), (WHERE_CONDITION, rand(4))),
     "where_number_x": (lambda c, y: ops.where.ScalarSelf(c, 1j, y), (flags(4), rand(5, 1))),
+    # Per sample both are 0-d and promote as equals (int16); a batched one has
+    # a dimension, which would win the promotion (uint8) if left to decide it.
+    "where_0d_of_two_dtypes": (torch_masked.where, (flags(4), torch.tensor(300, dtype=torch.int16), UINT8_0D)),
+    "where_0d_of_two_floats": (torch_masked.where, (torch.tensor(True), torch.tensor(0.1, dtype=F64), torch.tensor(2.5))),
     "select_rows": (torch_masked.select, (flags(5), rand(5, 4), rand(5, 4))),
     "select_elements": (torch_masked.select, (flags(5, 4), rand(5, 4), rand(5, 4))),
     "select_scalar": (torch_masked.select, (torch.tensor(False), rand(5, 4), rand(5, 4))),
     "select_1d": (ops.select, (flags(5), rand(5), rand(5))),
+    "select_0d_of_two_dtypes": (torch_masked.select, (torch.tensor(False), torch.tensor(300, dtype=torch.int16), UINT8_0D)),
     "boolean_mask": (lambda t: torch_masked.boolean_mask(t, MASK_1D), (rand(5, 3),)),
     "boolean_mask_2d_mask": (lambda t: torch_masked.boolean_mask(t, MASK_2D, axis=-2), (rand(2, 4, 3),)),
     "boolean_mask_backward": (
@@ -370,6 +376,11 @@ def test_vmap_nonzero_static_matches_a_loop(dtype, size):
 
 def test_vmap_nonzero_static_of_a_0d_sample():
     vmap_against_loop(lambda t: torch_masked.nonzero_static(t, size=2), (torch.tensor([0.0, 1.0, 2.0]),), (0,))
+
+
+@pytest.mark.parametrize("sample_shape", [(0,), (3, 0), (0, 3)])
+def test_vmap_nonzero_static_of_empty_samples(sample_shape):
+    vmap_against_loop(lambda t: torch_masked.nonzero_static(t, size=2), (torch.zeros(BATCH, *sample_shape),), (0,))
 
 
 def test_nested_vmap():

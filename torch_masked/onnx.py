@@ -67,8 +67,12 @@ def _torch_dtype(op_name, value):
 def _result_dtype(op_name, x, y):
     """torch.result_type(x, y), which our where/select compute, for ONNX values or numbers."""
     def example(value, dtype):
-        # A number keeps its value, so that it promotes as a wrapped number does.
-        return value if isinstance(value, (bool, int, float)) else torch.empty((), dtype=dtype)
+        # A number keeps its value, so that it promotes as a wrapped number
+        # does; a tensor keeps whether it is 0-d, which promotes below one
+        # with dimensions of the same kind.
+        if isinstance(value, (bool, int, float)):
+            return value
+        return torch.empty([1] * min(_rank(value), 1), dtype=dtype)
 
     dx, dy = _torch_dtype(op_name, x), _torch_dtype(op_name, y)
     return _ONNX_DTYPES[torch.result_type(example(x, dx), example(y, dy))]
@@ -131,9 +135,23 @@ def _nonzero_static(self, size, fill_value=-1):
 
 # --- where(condition, x, y), select --------------------------------------------
 
+# onnxruntime's Where has no kernel for these types (ONNX's has): each is
+# selected in a wider type that holds its every value, and cast back.
+_WHERE_WIDER = {ir.DataType.BOOL: ir.DataType.UINT8, ir.DataType.INT16: ir.DataType.INT32,
+                ir.DataType.BFLOAT16: ir.DataType.FLOAT}
+
+
+def _selection(condition, x, y, dtype):
+    """Where(condition, x, y) in dtype, the branches cast to it."""
+    x, y = _as_dtype(x, dtype), _as_dtype(y, dtype)
+    wider = _WHERE_WIDER.get(dtype)
+    if wider is None:
+        return op.Where(condition, x, y)
+    return op.Cast(op.Where(condition, op.Cast(x, to=wider), op.Cast(y, to=wider)), to=dtype)
+
+
 def _where_self(condition, x, y):
-    dtype = _result_dtype("where", x, y)
-    return op.Where(condition, _as_dtype(x, dtype), _as_dtype(y, dtype))
+    return _selection(condition, x, y, _result_dtype("where", x, y))
 
 
 def _select(condition, x, y):
@@ -141,13 +159,13 @@ def _select(condition, x, y):
     if _rank(condition) == 1 and _rank(x) > 1:
         # A row condition picks whole rows: [n] -> [n, 1, ...] broadcasts along each row.
         condition = op.Unsqueeze(condition, op.Constant(value_ints=list(range(1, _rank(x)))))
-    return op.Where(condition, _as_dtype(x, dtype), _as_dtype(y, dtype))
+    return _selection(condition, x, y, dtype)
 
 
 # --- boolean_mask ----------------------------------------------------------------
 
 def _boolean_mask(tensor, mask, axis=0):
-    rank, mask_rank = _rank(tensor), _rank(mask)
+    rank, mask_rank, dtype = _rank(tensor), _rank(mask), tensor.dtype
     axis = axis + rank if axis < 0 else axis
     if mask_rank > 1:
         # The mask's K dimensions become one: [*before, M, *after], M = prod(mask.shape).
@@ -156,6 +174,10 @@ def _boolean_mask(tensor, mask, axis=0):
                                op.Shape(tensor, start=axis + mask_rank), axis=0)
         tensor = op.Reshape(tensor, flat_shape, allowzero=1)
         mask = op.Reshape(mask, masked_size, allowzero=1)
+    if dtype == ir.DataType.BFLOAT16:
+        # ONNX's Compress takes no bfloat16; float holds each value exactly.
+        selected = op.Compress(op.Cast(tensor, to=ir.DataType.FLOAT), mask, axis=axis)
+        return op.Cast(selected, to=ir.DataType.BFLOAT16)
     return op.Compress(tensor, mask, axis=axis)
 
 

@@ -180,6 +180,9 @@ def _nonzero_static_batched(x, size, fill_value):
     positions = torch.arange(1, count + 1, device=x.device).expand(batch, count)
     first = _ops.scatter_nd(slot.reshape(-1, 1), positions.reshape(-1), [batch * (size + 1)], check_bounds=False)
     first = first.view(batch, size + 1)[:, :size] - 1
+    # An empty sample has no non-zeros, so every slot is fill_value; its
+    # sizes count as 1 only to keep the division below defined.
+    sample_shape = [max(s, 1) for s in sample_shape]
     strides = [1] * len(sample_shape)
     for d in range(len(sample_shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * sample_shape[d + 1]
@@ -252,10 +255,13 @@ _register("where", WhereIndices)
 
 def _where_vmap(call, in_dims, condition, x, y):
     """One broadcasting call over the batch, each batched operand padded to
-    the per-sample result's rank (checked per sample first)."""
+    the per-sample result's rank (checked per sample first) and the branches
+    brought to the per-sample result's dtype: a 0-d branch given a batch
+    dimension would otherwise win the promotion over a 0-d one without."""
     logical = [_logical_meta(v, d) for v, d in zip((condition, x, y), in_dims)]
-    rank = _where_fake(*logical).dim()
-    return call(*(_padded(v, d, rank) for v, d in zip((condition, x, y), in_dims))), 0
+    result = _where_fake(*logical)
+    x, y = (v.to(result.dtype) if isinstance(v, torch.Tensor) else v for v in (x, y))
+    return call(*(_padded(v, d, result.dim()) for v, d in zip((condition, x, y), in_dims))), 0
 
 
 def _where_tangent(condition, x_tangent, y_tangent, shape, dtype):
