@@ -72,7 +72,7 @@ def _result_dtype(op_name, x, y):
         # with dimensions of the same kind.
         if isinstance(value, (bool, int, float)):
             return value
-        return torch.empty([1] * min(_rank(value), 1), dtype=dtype)
+        return torch.empty(() if _rank(value) == 0 else (1,), dtype=dtype)
 
     dx, dy = _torch_dtype(op_name, x), _torch_dtype(op_name, y)
     return _ONNX_DTYPES[torch.result_type(example(x, dx), example(y, dy))]
