@@ -162,7 +162,9 @@ class _Placer:
         if isinstance(placement, Partial):
             # Pieces that reduce to the full tensor, different on each rank.
             index = self.mesh.get_local_rank(self.split_dim)
-            if placement.reduce_op == "sum":
+            if placement.reduce_op == "sum" and not (full.dtype.is_floating_point or full.dtype.is_complex):
+                local = (full // 2, full - full // 2)[index]
+            elif placement.reduce_op == "sum":
                 local = full * (0.25, 0.75)[index]
             elif placement.reduce_op == "avg":
                 local = full * (0.5, 1.5)[index]
@@ -221,6 +223,12 @@ def _dtensor_cases():
         tm.where(p(c, Replicate()), p(x, Partial()), 1.0), torch.where(c, x, 1.0), None)
     cases["where_mixed_partial_shard"] = lambda p: (
         tm.where(p(c, Shard(0)), p(x, Partial()), p(y, Shard(0))), torch.where(c, x, y), None)
+    # DTensor would make a replicated integer tensor a Partial sum by dividing
+    # it by the number of ranks, in float: the sum is reduced first instead.
+    whole_x, whole_y = torch.randint(-50, 50, (4, 6)), torch.randint(-50, 50, (4, 6))
+    cases["where_partial_integers"] = lambda p: (
+        tm.where(p(c, Replicate()), p(whole_x, Partial()), p(whole_y, Replicate())), torch.where(c, whole_x, whole_y),
+        None)
 
     cases["select_elementwise"] = lambda p: (
         tm.select(p(c, Shard(1)), p(x, Shard(1)), p(y, Shard(1))), torch.where(c, x, y), Shard(1))
@@ -234,6 +242,9 @@ def _dtensor_cases():
     cases["select_partial"] = lambda p: (
         tm.select(p(rows, Replicate()), p(x, Partial()), p(y, Partial())), torch.where(rows[:, None], x, y),
         Partial())
+    cases["select_partial_integers"] = lambda p: (
+        tm.select(p(rows, Replicate()), p(whole_x, Replicate()), p(whole_y, Partial())),
+        torch.where(rows[:, None], whole_x, whole_y), None)
 
     cases["gather_nd_slices"] = lambda p: (
         tm.gather_nd(p(params, Shard(1)), p(indices, Replicate())), params[indices[:, 0]], Shard(1))
@@ -260,6 +271,12 @@ def _dtensor_cases():
     cases["scatter_nd_slices_other_shape"] = lambda p: (
         tm.scatter_nd(p(indices, Replicate()), p(updates, Shard(1)), [7, 6]),
         scatter_reference(torch.zeros(7, 6, dtype=torch.float64), indices, updates), Shard(1))
+    # Indices that must be replicated first, and a shape to make local.
+    pair_indices, pair_updates = torch.tensor([[4, 1], [0, 2], [4, 1]]), rand(3, 6)
+    cases["scatter_nd_slices_indices_sharded"] = lambda p: (
+        tm.scatter_nd(p(pair_indices, Shard(1)), p(pair_updates, Shard(1)), [5, 3, 6]),
+        torch.zeros(5, 3, 6, dtype=torch.float64).index_put(tuple(pair_indices.T), pair_updates, accumulate=True),
+        Shard(2))
     row_indices, row_updates = torch.tensor([[3], [0], [3], [1]]), rand(4, 6)
     # Each rank scatters its rows; the sum over ranks is the whole scatter.
     cases["scatter_nd_rows"] = lambda p: (
@@ -281,6 +298,10 @@ def _dtensor_cases():
     cases["tensor_scatter_nd_add_rows"] = lambda p: (
         tm.tensor_scatter_nd_add(p(base, Replicate()), p(indices, Shard(0)), p(updates, Shard(0))),
         scatter_reference(base, indices, updates), Partial())
+    whole_base, whole_updates = torch.randint(-50, 50, (5, 6)), torch.randint(-50, 50, (3, 6))
+    cases["tensor_scatter_nd_add_rows_integers"] = lambda p: (
+        tm.tensor_scatter_nd_add(p(whole_base, Replicate()), p(indices, Shard(0)), p(whole_updates, Shard(0))),
+        scatter_reference(whole_base, indices, whole_updates), None)
 
     cases["boolean_mask_after"] = lambda p: (
         tm.boolean_mask(p(x, Shard(1)), p(rows, Replicate())), x[rows], Shard(1))
@@ -291,6 +312,10 @@ def _dtensor_cases():
         tm.boolean_mask(p(deep, Shard(3)), p(deep_mask, Replicate()), axis=-3), deep[:, deep_mask], Shard(2))
     cases["boolean_mask_masked_dim"] = lambda p: (
         tm.boolean_mask(p(x, Shard(0)), p(rows, Shard(0))), x[rows], Replicate())
+    masked_rows = rand(3, 6)  # rows' three True
+    cases["boolean_mask_backward_mask_sharded"] = lambda p: (
+        torch.ops.masked.boolean_mask_backward(p(masked_rows, Shard(1)), p(rows, Shard(0)), [4, 6], 0),
+        torch.zeros(4, 6, dtype=torch.float64).index_put((rows,), masked_rows), Shard(1))
     cases["boolean_mask_partial"] = lambda p: (
         tm.boolean_mask(p(x, Partial()), p(rows, Replicate())), x[rows], Partial())
 

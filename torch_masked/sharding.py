@@ -51,6 +51,18 @@ def _linear_partials(*specs):
     return [p for p in _partials(*specs) if p.reduce_op in ("sum", "avg")]
 
 
+def _becomes(spec, partial):
+    """Whether DTensor can turn the input ``spec`` into ``partial`` with its
+    values and dtype intact: it already is, or is made so by copying (avg,
+    max, min), or, for a sum, by dividing it by the number of ranks, which
+    suits floating-point and complex tensors only (an integer one would come
+    out float)."""
+    if partial in spec.placements or partial.reduce_op != "sum":
+        return True
+    meta = spec.tensor_meta
+    return meta is not None and (meta.dtype.is_floating_point or meta.dtype.is_complex)
+
+
 def _is_tensor(arg):
     return hasattr(arg, "placements")
 
@@ -96,9 +108,8 @@ def _where_strategies(condition, x, y):
         strategies.append(([Shard(out_dim)], inputs))
     # Picking is linear in x and y: with the condition replicated, the reduced
     # result of where(c, x_i, y_i) over ranks is where(c, reduce x_i, reduce y_i).
-    numbers = [arg for arg in (x, y) if not _is_tensor(arg)]
     for partial in _partials(x, y):
-        if all(_keeps_number(partial, number) for number in numbers):
+        if all(_becomes(a, partial) if _is_tensor(a) else _keeps_number(partial, a) for a in (x, y)):
             strategies.append(([partial], [Replicate(), *(partial if _is_tensor(a) else None for a in (x, y))]))
     return strategies
 
@@ -116,7 +127,8 @@ def _select_strategies(condition, x, y):
             cond = Replicate()
         strategies.append(([Shard(dim)], [cond, Shard(dim), Shard(dim)]))
     for partial in _partials(x, y):
-        strategies.append(([partial], [Replicate(), partial, partial]))
+        if _becomes(x, partial) and _becomes(y, partial):
+            strategies.append(([partial], [Replicate(), partial, partial]))
     return strategies
 
 
@@ -160,10 +172,12 @@ def _scatter_strategies(tensor, indices, updates):
         # Update rows sharded with their indices: each rank adds its rows,
         # and the sum over ranks is the whole scatter (bool updates OR
         # together instead, which a sum of ranks does not give).
-        for dim in range(batch):
-            strategies.append(entry(Partial(), Partial(), Shard(dim), Shard(dim)))
+        if not has_tensor or _becomes(tensor, Partial()):
+            for dim in range(batch):
+                strategies.append(entry(Partial(), Partial(), Shard(dim), Shard(dim)))
         for partial in _linear_partials(tensor, updates):
-            strategies.append(entry(partial, partial, Replicate(), partial))
+            if all(_becomes(spec, partial) for spec in (tensor, updates) if spec is not None):
+                strategies.append(entry(partial, partial, Replicate(), partial))
     return strategies
 
 
@@ -319,13 +333,17 @@ def register():
     # cache of decisions only from the first int argument on; these decide
     # the strategy or the output's shape earlier: the number of where's
     # Scalar overloads, the shape of scatter_nd and boolean_mask_backward.
+    # No argument is a list of tensors, so none needs flattening
+    # (``needs_pytree``, which register_sharding sets): flattened, the shape
+    # list is lost when DTensor both redistributes an input and rewrites the
+    # shape below (its arguments are then misaligned).
     for op, first_static in (
         (masked.where.ScalarSelf, 1),
         (masked.where.ScalarOther, 2),
         (masked.scatter_nd.default, 2),
         (masked.boolean_mask_backward.default, 2),
     ):
-        propagator.op_to_schema_info[op] = RuntimeSchemaInfo(first_static, needs_pytree=True)
+        propagator.op_to_schema_info[op] = RuntimeSchemaInfo(first_static)
     # A global output shape passed as an argument must reach the local op as
     # the local shape; DTensor rewrites it for the ops in this table (its own
     # new_empty, for one).
