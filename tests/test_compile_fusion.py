@@ -446,9 +446,18 @@ def test_tensor_scatter_nd_add_copies_a_tensor_read_elsewhere():
     def graph_input(tensor, indices, updates):
         return torch_masked.tensor_scatter_nd_add(tensor, indices, updates) * 3
 
-    tensor, indices, updates = torch.randn(10, generator=gen(22)), torch.tensor([[3], [0], [3]]), torch.randn(3)
+    # Updates in the tensor's own memory would be read after being added into.
+    def updates_are_the_tensor(tensor, indices, updates):
+        doubled = tensor[:3] * 2
+        return torch_masked.tensor_scatter_nd_add(doubled, indices, doubled) + 1
+
+    def updates_view_the_tensor(tensor, indices, updates):
+        doubled = tensor * 2
+        return torch_masked.tensor_scatter_nd_add(doubled, indices, doubled[4:7]) + 1
+
+    tensor, indices, updates = torch.randn(10, generator=gen(22)), torch.tensor([[2], [0], [2]]), torch.randn(3)
     before = tensor.clone()
-    for chain in (read_after, graph_input):
+    for chain in (read_after, graph_input, updates_are_the_tensor, updates_view_the_tensor):
         result, code = run_and_get_code(torch.compile(chain, fullgraph=True), tensor, indices, updates)
         code = "\n".join(code)
         assert FUNCTIONAL_ADD in code and IN_PLACE_ADD not in code

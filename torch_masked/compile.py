@@ -291,9 +291,16 @@ IN_PLACE_CPU_BYTES = 8 * 2**20
 def _adds_in_place(node):
     """Whether the reinplacing pass may put _tensor_scatter_nd_add_into in
     place of this tensor_scatter_nd_add node."""
+    from torch._inductor.fx_utils import get_node_storage
+
     if _opaque:
         return False
-    tensor = node.args[0].meta["val"]
+    # The in-place op refuses updates or indices in tensor's memory (they
+    # would be read after being added into): tensor_scatter_nd_add(t, i, t).
+    tensor_node, indices_node, updates_node = node.args[:3]
+    if get_node_storage(tensor_node) in (get_node_storage(indices_node), get_node_storage(updates_node)):
+        return False
+    tensor = tensor_node.meta["val"]
     if tensor.device.type != "cpu":
         return True
     return statically_known_true(tensor.numel() * tensor.element_size() <= IN_PLACE_CPU_BYTES)
