@@ -383,6 +383,12 @@ def test_vmap_nonzero_static_of_empty_samples(sample_shape):
     vmap_against_loop(lambda t: torch_masked.nonzero_static(t, size=2), (torch.zeros(BATCH, *sample_shape),), (0,))
 
 
+@pytest.mark.parametrize("sample_shape", [(), (4,), (3, 0)])
+def test_vmap_nonzero_static_of_no_samples(sample_shape):
+    out = vmap(lambda t: torch_masked.nonzero_static(t, size=2))(torch.zeros(0, *sample_shape))
+    assert out.shape == (0, 2, len(sample_shape)) and out.dtype == torch.int64
+
+
 def test_nested_vmap():
     x, c = rand(2, BATCH, 5, 4), flags(2, 5, 1)
     actual = vmap(vmap(torch_masked.where, in_dims=(None, 0, None)), in_dims=(0, 0, None))(c, x, 0.5)
@@ -402,6 +408,11 @@ def test_grad_and_jvp_pass_through_the_integer_ops():
     torch.testing.assert_close(rows, torch.nonzero(x, as_tuple=True)[0].sum().to(F64).expand(5, 4))
     out, tangent = jvp(lambda x: torch_masked.nonzero_static(x, size=3).to(F64) * x.sum(), (x,), (torch.ones(5, 4),))
     torch.testing.assert_close(tangent, torch.nonzero_static(x, size=3).to(F64) * 20)
+    # One output per dimension of x, each without a tangent (integers).
+    out, tangent = jvp(lambda x: torch_masked.nonzero(x, as_tuple=True), (x,), (torch.ones(5, 4),))
+    expected_out, expected_tangent = jvp(lambda x: torch.nonzero(x, as_tuple=True), (x,), (torch.ones(5, 4),))
+    for actual, expected in zip([*out, *tangent], [*expected_out, *expected_tangent], strict=True):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
 
 
 # Refusals: a per-sample result of data-dependent size.
@@ -417,6 +428,11 @@ REFUSED = {
         lambda g, m: ops.boolean_mask_backward(g, m, [3], 0),
         (X_BATCH[:, :1], MASKS),
         (0, 0),
+    ),
+    "boolean_mask_backward_with_the_mask_batched_outside": (
+        lambda m: vmap(lambda g: ops.boolean_mask_backward(g, m, [3], 0))(X_BATCH[:4, :2]),
+        (torch.tensor([[True, False, True], [False, True, True]]),),
+        0,
     ),
 }
 
@@ -492,6 +508,23 @@ def test_vmap_index_error_names_the_samples_index_row():
         torch_masked.gather_nd(params, indices[1])
     with pytest.raises(IndexError, match="^" + re.escape(str(eager.value).splitlines()[0]) + "$"):
         vmap(torch_masked.gather_nd, in_dims=(None, 0))(params, indices)
+    # Nested: the indices batched by the outer vmap only, or by both.
+    scatter = {
+        "gather_nd": lambda i: torch_masked.gather_nd(params, i),
+        "scatter_nd": lambda i: torch_masked.scatter_nd(i, torch.ones(1, dtype=F64), [5, 4]),
+        "tensor_scatter_nd_add": lambda i: torch_masked.tensor_scatter_nd_add(params, i, torch.ones(1, dtype=F64)),
+    }
+    for op, fn in scatter.items():
+        with pytest.raises(IndexError) as eager:
+            fn(indices[1])
+        message = "^" + re.escape(str(eager.value).splitlines()[0]) + "$"
+        assert str(eager.value).startswith(f"{op}: ")
+        with pytest.raises(IndexError, match=message):
+            vmap(vmap(fn))(indices[:, None])
+        with pytest.raises(IndexError, match=message):
+            vmap(lambda i: vmap(lambda p: fn(i))(Y3))(indices)
+        with pytest.raises(IndexError, match=message):
+            vmap(lambda i: grad(lambda p: vmap(lambda q: fn(i).sum() * q)(p).sum())(Y3))(indices)
     # check_bounds=False: the bad row reads as zeros, as in eager.
     out = vmap(lambda i: torch_masked.gather_nd(params, i, check_bounds=False))(indices)
     torch.testing.assert_close(out, torch.stack([params[0, 1], torch.zeros((), dtype=F64), params[0, 0]])[:, None])

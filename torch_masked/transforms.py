@@ -30,6 +30,8 @@ csrc/autograd/records_graph.h.
 Sections follow the ops' order: nonzero, where, select, boolean_mask,
 scatter_nd, gather_nd, tensor_scatter_nd_add.
 """
+import math
+
 import torch
 
 from .ops.boolean_mask import _boolean_mask_backward_fake, _masked_view
@@ -102,16 +104,43 @@ def _with_batch_coordinate(indices, batch_size):
     return torch.cat([samples, indices], dim=-1)
 
 
+def _every_sample(tensor):
+    """A tensor's values under every enclosing transform, as a plain tensor:
+    grad's and jvp's wrappers removed, each enclosing vmap's batch dimension
+    placed first (innermost last); and how many batch dimensions that is."""
+    functorch = torch._C._functorch
+    batch_dims = 0
+    while functorch.is_functorch_wrapped_tensor(tensor):
+        batch_dim = functorch.maybe_get_bdim(tensor) if functorch.is_batchedtensor(tensor) else None
+        tensor = functorch.get_unwrapped(tensor)
+        if batch_dim is not None:
+            tensor = tensor.movedim(batch_dim, 0)
+            batch_dims += 1
+    return tensor, batch_dims
+
+
+def _batched_by_enclosing_vmap(tensor):
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(tensor):
+        if functorch.is_batchedtensor(tensor):
+            return True
+        tensor = functorch.get_unwrapped(tensor)
+    return False
+
+
 def _check_bounds(op, indices, dim, shape):
     """The kernels' IndexError for an index row outside `shape` (the logical
     shape; csrc/scatter_nd_index.h:raise_out_of_bounds), raised here because
-    a batched call's own check would name the batched shape. One host sync,
-    as the kernel's check has."""
+    a batched call's own check would name the batched shape. Indices
+    batched by enclosing vmaps too are checked here for all their samples,
+    since the calls made below skip the kernels' check. One host sync, as
+    the kernel's check has."""
     if dim is not None:
         indices = indices.movedim(dim, 0)
+    indices, batch_dims = _every_sample(indices)
+    batch_dims += dim is not None
     depth = indices.shape[-1]
-    if depth == 0 or indices.numel() == 0 or torch._C._functorch.is_batchedtensor(indices):
-        # Indices batched by an enclosing vmap too: left to the kernel's check.
+    if depth == 0 or indices.numel() == 0:
         return
     sizes = torch.tensor(shape[:depth], dtype=indices.dtype, device=indices.device)
     bad = ((indices < 0) | (indices >= sizes)).any(-1)
@@ -119,8 +148,7 @@ def _check_bounds(op, indices, dim, shape):
         return
     position = [int(p) for p in torch.nonzero(bad)[0]]
     index = [int(v) for v in indices[tuple(position)]]
-    if dim is not None:
-        position = position[1:]
+    position = position[batch_dims:]
     bad_dim = next(j for j, v in enumerate(index) if not 0 <= v < shape[j])
     where = "indices" + (f"[{', '.join(map(str, position))}]" if position else "")
     raise IndexError(
@@ -171,7 +199,7 @@ def _nonzero_static_batched(x, size, fill_value):
     numel), where the kernel needs none), the price of one batched call
     without a kernel of its own."""
     batch, sample_shape = x.shape[0], x.shape[1:]
-    flags = _nonzero_flags(x.reshape(batch, -1))
+    flags = _nonzero_flags(x.reshape(batch, math.prod(sample_shape)))
     count = flags.shape[1]
     rank = flags.cumsum(1)
     slot = _ops.where.ScalarOther(flags & (rank <= size), rank - 1, size)
@@ -197,6 +225,13 @@ def _index_function(op, call, name):
     pass-through under grad and jvp; under vmap, refused for a batched input
     (each sample would have its own number of non-zeros)."""
 
+    def setup_context(ctx, inputs, output):
+        ctx.outputs = len(output) if isinstance(output, tuple) else None
+
+    def jvp(ctx, *tangents):
+        # No tangent: one None per output.
+        return None if ctx.outputs is None else (None,) * ctx.outputs
+
     def vmap(info, in_dims, x, *args):
         _refuse_batched(op, "input")
 
@@ -205,8 +240,8 @@ def _index_function(op, call, name):
         (torch.autograd.Function,),
         {
             "forward": staticmethod(lambda x, *args: call(x, *args)),
-            "setup_context": staticmethod(lambda ctx, inputs, output: None),
-            "jvp": staticmethod(lambda ctx, *tangents: None),
+            "setup_context": staticmethod(setup_context),
+            "jvp": staticmethod(jvp),
             "vmap": staticmethod(vmap),
         },
     )
@@ -484,7 +519,7 @@ class BooleanMaskBackward(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, grad, mask, input_shape, axis):
         grad_dim, mask_dim = in_dims[:2]
-        if mask_dim is not None:
+        if mask_dim is not None or _batched_by_enclosing_vmap(mask):
             _refuse_batched("boolean_mask_backward", "mask")
         _boolean_mask_backward_fake(_logical_meta(grad, grad_dim), mask.to("meta"), input_shape, axis)
         start = axis + len(input_shape) if axis < 0 else axis
