@@ -288,6 +288,28 @@ def test_compiled_autograd_takes_every_op_backward(forward):
         torch.testing.assert_close(compiled_value, eager)
 
 
+def test_compiled_autograd_traces_our_cpp_autograd_nodes():
+    """The backward of an eager forward, compiled with fullgraph=True: each
+    C++ autograd node is traced into the graph (a node run eagerly would be
+    a graph break, an error here)."""
+    c = make_tensor((10,), torch.bool, "cpu", generator=gen(44))
+    indices = torch.randint(0, 10, (4, 1), generator=gen(45))
+    x, y = torch.randn(10, generator=gen(46)), torch.randn(10, generator=gen(47))
+    grads = []
+    for compile_backward in (False, True):
+        leaves = x.clone().requires_grad_(), y.clone().requires_grad_()
+        loss = every_op_loss(c, indices, *leaves)
+        torch._dynamo.reset()
+        counters.clear()
+        with (torch._dynamo.compiled_autograd._enable(torch.compile(fullgraph=True)) if compile_backward
+              else contextlib.nullcontext()):
+            loss.backward()
+        grads.append([leaf.grad for leaf in leaves])
+    assert counters["compiled_autograd"]["captures"] == 1
+    for eager, compiled_value in zip(*grads, strict=True):
+        torch.testing.assert_close(compiled_value, eager)
+
+
 def test_declined_cases_run_our_kernel_and_raise_as_eager():
     # A number that does not fit the dtype: our kernel raises, as eager does;
     # a complex result is not fused.
@@ -302,6 +324,18 @@ def test_declined_cases_run_our_kernel_and_raise_as_eager():
     result, code = run_and_get_code(torch.compile(lambda c, x: torch_masked.where(c, x, 2.0) * 2, fullgraph=True), c, x)
     assert "torch.ops.masked.where.ScalarOther" in "\n".join(code)
     exact(result, torch.where(c, x, 2.0) * 2)
+
+
+def test_numbers_known_only_at_run_time_stay_symbolic():
+    def chain(c, x):
+        return torch_masked.where(c, x, x.shape[0]) * torch_masked.where(c, x.shape[0] * 0.5, x.half())
+
+    compiled = torch.compile(chain, fullgraph=True, dynamic=True)
+    counters.clear()
+    for n in (3, 6, 9):
+        c, x = make_tensor((n,), torch.bool, "cpu", generator=gen(48)), torch.randint(-9, 9, (n,), dtype=torch.int32)
+        exact(compiled(c, x), chain(c, x))
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 def test_opaque_switch_keeps_our_kernels():

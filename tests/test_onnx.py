@@ -90,7 +90,11 @@ class Selects(torch.nn.Module):
                 tm.where(c, x, y[0, 0]),
                 # Result types onnxruntime's Where lacks: bool, int16, bfloat16.
                 tm.where(c, c, row[:, None]), tm.select(c, xi.to(torch.int8), xi.to(torch.uint8)),
-                tm.where(c, x.to(torch.bfloat16), -1).float())
+                tm.where(c, x.to(torch.bfloat16), -1).float(),
+                # Numbers known only at run time promote as numbers: int32 beside a 0-d
+                # int32, float16 beside a 0-d float16; and are not frozen at export.
+                tm.where(row[:1], xi[0, 0], x.shape[0]), tm.where(c[0], x.shape[0] * 0.5, x[0, 0].half()),
+                tm.where(c, x.shape[0] * 0.5, x))
 
 
 def test_where_and_select_modes():
@@ -138,7 +142,14 @@ class Scatters(torch.nn.Module):
                 # K == 0: whole-tensor updates; rank-1 indices: one index.
                 tm.scatter_nd(idx[:, :0], whole, [4, 3]), tm.gather_nd(base, idx[:, :0]),
                 tm.tensor_scatter_nd_add(base, one, base[0, 0]), tm.gather_nd(base, one),
-                tm.scatter_nd(one[:0], base, [4, 3]))
+                tm.scatter_nd(one[:0], base, [4, 3]),
+                # K == 0 rows summed in a type ONNX's ReduceSum lacks (wrapping).
+                tm.scatter_nd(idx[:, :0], (whole * 60).to(torch.int8), [4, 3]),
+                tm.tensor_scatter_nd_add(base.to(torch.uint8), idx[:, :0], (whole * 90).to(torch.uint8)),
+                tm.tensor_scatter_nd_add(base.to(torch.int16), idx[:, :0], (whole * 9000).to(torch.int16)),
+                # bfloat16 expanded to a size known only at run time.
+                tm.gather_nd(base.bfloat16(), idx[:, :0]).float(),
+                tm.scatter_nd(idx32, slices.bfloat16(), [idx.shape[0] + 4, 3]).float())
 
 
 def test_scatter_gather_with_duplicates():
@@ -169,6 +180,19 @@ def test_opset_below_16_refused_for_scatter():
     program = export(Scatter(), (idx, values), opset_version=16)
     assert program.model.opset_imports[""] == 16
     torch.testing.assert_close(torch.from_numpy(run_onnx(program, (idx, values))[0]), tm.scatter_nd(idx, values, [6]))
+
+
+class BooleanMaskOfPlanes(torch.nn.Module):
+    def forward(self, t, plane):
+        return tm.boolean_mask(t, plane, axis=1)
+
+
+@pytest.mark.parametrize("opset", [16, 17])
+def test_boolean_mask_of_a_2d_mask_at_older_opsets(opset):
+    t, plane = torch.randn(2, 4, 5), torch.rand(4, 5) > 0.5
+    program = export(BooleanMaskOfPlanes(), (t, plane), opset_version=opset)
+    assert program.model.opset_imports[""] == opset
+    torch.testing.assert_close(torch.from_numpy(run_onnx(program, (t, plane))[0]), t[:, plane])
 
 
 class NonzeroStaticOfInputSize(torch.nn.Module):

@@ -64,18 +64,24 @@ def _torch_dtype(op_name, value):
     return _TORCH_DTYPES[value.dtype]
 
 
-def _result_dtype(op_name, x, y):
-    """torch.result_type(x, y), which our where/select compute, for ONNX values or numbers."""
-    def example(value, dtype):
-        # A number keeps its value, so that it promotes as a wrapped number
-        # does; a tensor keeps whether it is 0-d, which promotes below one
-        # with dimensions of the same kind.
+def _result_dtype(op_name, x, y, number=None):
+    """torch.result_type(x, y), which our where/select compute, for ONNX values
+    or numbers. `number` ("x" or "y") names the operand that is a number in
+    the op's schema: one known only at run time (a SymInt, SymFloat or
+    SymBool) reaches the translation as a 0-d ONNX value."""
+    def example(value, dtype, is_number):
+        # A number keeps its value, or its kind when known only at run time,
+        # so that it promotes as a wrapped number does; a tensor keeps
+        # whether it is 0-d, which promotes below one with dimensions of the
+        # same kind.
         if isinstance(value, (bool, int, float)):
             return value
+        if is_number:
+            return torch.zeros((), dtype=dtype).item()
         return torch.empty(() if _rank(value) == 0 else (1,), dtype=dtype)
 
     dx, dy = _torch_dtype(op_name, x), _torch_dtype(op_name, y)
-    return _ONNX_DTYPES[torch.result_type(example(x, dx), example(y, dy))]
+    return _ONNX_DTYPES[torch.result_type(example(x, dx, number == "x"), example(y, dy, number == "y"))]
 
 
 def _as_dtype(value, dtype):
@@ -154,6 +160,14 @@ def _where_self(condition, x, y):
     return _selection(condition, x, y, _result_dtype("where", x, y))
 
 
+def _where_number_x(condition, x, y):
+    return _selection(condition, x, y, _result_dtype("where", x, y, number="x"))
+
+
+def _where_number_y(condition, x, y):
+    return _selection(condition, x, y, _result_dtype("where", x, y, number="y"))
+
+
 def _select(condition, x, y):
     dtype = _result_dtype("select", x, y)
     if _rank(condition) == 1 and _rank(x) > 1:
@@ -168,8 +182,9 @@ def _boolean_mask(tensor, mask, axis=0):
     rank, mask_rank, dtype = _rank(tensor), _rank(mask), tensor.dtype
     axis = axis + rank if axis < 0 else axis
     if mask_rank > 1:
-        # The mask's K dimensions become one: [*before, M, *after], M = prod(mask.shape).
-        masked_size = op.ReduceProd(op.Shape(mask), keepdims=1)
+        # The mask's K dimensions become one: [*before, M, *after], M = mask's
+        # number of elements (Size, where ReduceProd would not convert to opsets 16 and 17).
+        masked_size = op.Reshape(op.Size(mask), op.Constant(value_ints=[1]))
         flat_shape = op.Concat(op.Shape(tensor, end=axis), masked_size,
                                op.Shape(tensor, start=axis + mask_rank), axis=0)
         tensor = op.Reshape(tensor, flat_shape, allowzero=1)
@@ -195,11 +210,19 @@ def _int64(indices):
     return indices if indices.dtype == ir.DataType.INT64 else op.Cast(indices, to=ir.DataType.INT64)
 
 
+def _expand(value, shape):
+    """ONNX Expand; bfloat16, for which onnxruntime has no Expand, as float
+    (which holds each value exactly) and cast back."""
+    if value.dtype != ir.DataType.BFLOAT16:
+        return op.Expand(value, shape)
+    return op.Cast(op.Expand(op.Cast(value, to=ir.DataType.FLOAT), shape), to=ir.DataType.BFLOAT16)
+
+
 def _gather_nd(params, indices, check_bounds=True):
     if _index_depth("gather_nd", indices) == 0:
         # ONNX's GatherND needs K >= 1; K == 0 picks the whole of params for every index row.
         rows = op.Shape(indices, end=-1)
-        return op.Expand(params, op.Concat(rows, op.Shape(params), axis=0))
+        return _expand(params, op.Concat(rows, op.Shape(params), axis=0))
     return op.GatherND(params, _int64(indices))
 
 
@@ -209,6 +232,11 @@ def _gather_nd(params, indices, check_bounds=True):
 # CPU kernel does.
 _ACCUMULATE_AS = {ir.DataType.BOOL: ir.DataType.INT64, ir.DataType.FLOAT16: ir.DataType.FLOAT,
                   ir.DataType.BFLOAT16: ir.DataType.FLOAT}
+# ONNX's ReduceSum (the K == 0 scatter's) has no 8- and 16-bit integers: their
+# rows are summed in int64 and the sum cast back, which wraps as adding them
+# in their own type does.
+_REDUCE_AS = {ir.DataType.INT8: ir.DataType.INT64, ir.DataType.UINT8: ir.DataType.INT64,
+              ir.DataType.INT16: ir.DataType.INT64}
 
 
 def _scatter_add(op_name, base, indices, updates):
@@ -223,15 +251,18 @@ def _scatter_add(op_name, base, indices, updates):
         # K == 0: every update row adds to the whole tensor (ScatterND needs K >= 1).
         leading = list(range(_rank(indices) - 1))
         if leading:
-            updates = op.ReduceSum(updates, op.Constant(value_ints=leading), keepdims=0)
+            wide = _REDUCE_AS.get(dtype, dtype)
+            summed = op.ReduceSum(_as_dtype(updates, wide), op.Constant(value_ints=leading), keepdims=0)
+            updates = _as_dtype(summed, dtype)
         return op.Add(base, updates)
     return op.ScatterND(base, _int64(indices), updates, reduction="add")
 
 
 def _scatter_nd(indices, updates, shape, check_bounds=True):
-    zero = op.Constant(value=ir.tensor(torch.zeros((), dtype=_torch_dtype("scatter_nd", updates))))
-    base = op.Expand(zero, shape)
-    return _scatter_add("scatter_nd", base, indices, updates)
+    # Zeros made in the type the sums are made in (no bfloat16 Expand).
+    dtype = _ACCUMULATE_AS.get(updates.dtype, updates.dtype)
+    zero = op.Constant(value=ir.tensor(torch.zeros((), dtype=_TORCH_DTYPES[dtype])))
+    return _scatter_add("scatter_nd", op.Expand(zero, shape), indices, updates)
 
 
 def _tensor_scatter_nd_add(tensor, indices, updates, check_bounds=True):
@@ -248,8 +279,8 @@ def translation_table():
         masked.nonzero_static.default: _nonzero_static,
         masked.where.default: _nonzero,
         masked.where.self: _where_self,
-        masked.where.ScalarSelf: _where_self,
-        masked.where.ScalarOther: _where_self,
+        masked.where.ScalarSelf: _where_number_x,
+        masked.where.ScalarOther: _where_number_y,
         masked.select.default: _select,
         masked.boolean_mask.default: _boolean_mask,
         masked.gather_nd.default: _gather_nd,

@@ -34,6 +34,7 @@ at::Tensor call_boolean_mask_backward(const at::Tensor& grad, const at::Tensor& 
 
 class BooleanMask : public torch::autograd::Function<BooleanMask> {
  public:
+  static constexpr bool is_traceable = true;  // see records_graph.h
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tensor, const at::Tensor& mask, int64_t axis) {
     ctx->save_for_backward({mask});
     ctx->saved_data["input_shape"] = tensor.sym_sizes();
@@ -54,6 +55,7 @@ class BooleanMask : public torch::autograd::Function<BooleanMask> {
 
 class BooleanMaskBackward : public torch::autograd::Function<BooleanMaskBackward> {
  public:
+  static constexpr bool is_traceable = true;  // see records_graph.h
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad, const at::Tensor& mask,
                             c10::SymIntArrayRef input_shape, int64_t axis) {
     ctx->save_for_backward({mask});

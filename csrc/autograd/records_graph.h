@@ -4,6 +4,11 @@
 // builds the node, its context and its saved values on every call, even when
 // nothing will use them, and that costs about as much as a small kernel;
 // otherwise the op runs below autograd at once.
+//
+// Every Function of ours sets is_traceable: its backward reads only its saved
+// tensors and saved_data and calls only our registered ops, so compiled
+// autograd (torch._dynamo.config.compiled_autograd) traces it into the
+// compiled backward graph rather than running it eagerly behind a graph break.
 #pragma once
 
 #include <ATen/core/LegacyTypeDispatch.h>

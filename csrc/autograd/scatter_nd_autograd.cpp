@@ -64,6 +64,7 @@ at::Tensor gather_updates_grad(AutogradContext* ctx, size_t updates_input, const
 
 class ScatterNd : public torch::autograd::Function<ScatterNd> {
  public:
+  static constexpr bool is_traceable = true;  // see records_graph.h
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& indices, const at::Tensor& updates,
                             c10::SymIntArrayRef shape, bool check_bounds) {
     ctx->save_for_backward({indices});
@@ -78,6 +79,7 @@ class ScatterNd : public torch::autograd::Function<ScatterNd> {
 
 class TensorScatterNdAdd : public torch::autograd::Function<TensorScatterNdAdd> {
  public:
+  static constexpr bool is_traceable = true;  // see records_graph.h
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tensor, const at::Tensor& indices,
                             const at::Tensor& updates, bool check_bounds) {
     ctx->save_for_backward({indices});
@@ -92,6 +94,7 @@ class TensorScatterNdAdd : public torch::autograd::Function<TensorScatterNdAdd> 
 
 class GatherNd : public torch::autograd::Function<GatherNd> {
  public:
+  static constexpr bool is_traceable = true;  // see records_graph.h
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& params, const at::Tensor& indices,
                             bool check_bounds) {
     ctx->save_for_backward({indices});

@@ -128,6 +128,7 @@ at::Tensor to_branch(at::Tensor grad, AutogradContext* ctx, const char* shape_ke
 template <typename Op>
 class Selection : public torch::autograd::Function<Selection<Op>> {
  public:
+  static constexpr bool is_traceable = true;  // see records_graph.h
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& condition, const at::Tensor& x,
                             const at::Tensor& y) {
     ctx->save_for_backward({condition});
@@ -161,6 +162,7 @@ class Selection : public torch::autograd::Function<Selection<Op>> {
 template <bool kNumberIsX>
 class WhereWithNumber : public torch::autograd::Function<WhereWithNumber<kNumberIsX>> {
  public:
+  static constexpr bool is_traceable = true;  // see records_graph.h
   static at::Tensor call(const at::Tensor& condition, const at::Tensor& tensor, const at::Scalar& number) {
     return kNumberIsX ? where_number_x(condition, number, tensor) : where_number_y(condition, tensor, number);
   }

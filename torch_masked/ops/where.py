@@ -105,16 +105,19 @@ _select = torch.ops.masked.select.default
 
 # Kinds of numbers and dtypes, in the order of type promotion.
 _BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
+# Python's numbers, and those torch.compile and torch.export trace as known
+# only at run time (x.shape[0], say).
+_PYTHON_NUMBERS = (bool, int, float, complex, torch.SymBool, torch.SymInt, torch.SymFloat)
 # torch pairs bfloat16 with bcomplex32 where it has that dtype.
 _BFLOAT16_COMPLEX = getattr(torch, "bcomplex32", torch.complex64)
 
 
 def _number_kind(number):
-    if isinstance(number, bool):
+    if isinstance(number, (bool, torch.SymBool)):
         return _BOOL
-    if isinstance(number, int):
+    if isinstance(number, (int, torch.SymInt)):
         return _INTEGER
-    return _FLOATING if isinstance(number, float) else _COMPLEX
+    return _FLOATING if isinstance(number, (float, torch.SymFloat)) else _COMPLEX
 
 
 def _dtype_kind(dtype):
@@ -160,13 +163,13 @@ def _as_tensor(value, partner, device):
     """
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, numbers.Number) and isinstance(partner, torch.Tensor):
-        if isinstance(value, (bool, int, float, complex)):
+    if isinstance(value, (numbers.Number, *_PYTHON_NUMBERS)) and isinstance(partner, torch.Tensor):
+        if isinstance(value, _PYTHON_NUMBERS):
             dtype = _dtype_with_number(partner.dtype, value)
         else:  # NumPy's scalars, which torch promotes in its own ways
             dtype = torch.result_type(partner, value)
         return torch.full((), value, dtype=dtype, device=device)
-    if type(value) in (bool, int, float, complex):  # torch.full infers the dtype as torch.as_tensor does
+    if type(value) in _PYTHON_NUMBERS:  # torch.full infers the dtype as torch.as_tensor does
         return torch.full((), value, device=device)
     return torch.as_tensor(value, device=device)
 
@@ -184,10 +187,10 @@ def _as_tensors(condition, x, y):
 
 
 def _is_number(value):
-    """A Python bool, int, float or complex, as the number overloads take it;
-    not a NumPy scalar, even one deriving from float or complex (torch.ops
-    refuses np.complex128 as a Scalar)."""
-    return type(value) in (bool, int, float, complex)
+    """A Python bool, int, float or complex (or one known only at run time),
+    as the number overloads take it; not a NumPy scalar, even one deriving
+    from float or complex (torch.ops refuses np.complex128 as a Scalar)."""
+    return type(value) in _PYTHON_NUMBERS
 
 
 def where(condition, x=None, y=None):
