@@ -119,15 +119,6 @@ def _every_sample(tensor):
     return tensor, batch_dims
 
 
-def _batched_by_enclosing_vmap(tensor):
-    functorch = torch._C._functorch
-    while functorch.is_functorch_wrapped_tensor(tensor):
-        if functorch.is_batchedtensor(tensor):
-            return True
-        tensor = functorch.get_unwrapped(tensor)
-    return False
-
-
 def _check_bounds(op, indices, dim, shape):
     """The kernels' IndexError for an index row outside `shape` (the logical
     shape; csrc/scatter_nd_index.h:raise_out_of_bounds), raised here because
@@ -519,7 +510,7 @@ class BooleanMaskBackward(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, grad, mask, input_shape, axis):
         grad_dim, mask_dim = in_dims[:2]
-        if mask_dim is not None or _batched_by_enclosing_vmap(mask):
+        if mask_dim is not None or _every_sample(mask)[1] > 0:  # batched here or by an enclosing vmap
             _refuse_batched("boolean_mask_backward", "mask")
         _boolean_mask_backward_fake(_logical_meta(grad, grad_dim), mask.to("meta"), input_shape, axis)
         start = axis + len(input_shape) if axis < 0 else axis
