@@ -509,12 +509,12 @@ def test_vmap_index_error_names_the_samples_index_row():
     with pytest.raises(IndexError, match="^" + re.escape(str(eager.value).splitlines()[0]) + "$"):
         vmap(torch_masked.gather_nd, in_dims=(None, 0))(params, indices)
     # Nested: the indices batched by the outer vmap only, or by both.
-    scatter = {
+    calls = {
         "gather_nd": lambda i: torch_masked.gather_nd(params, i),
         "scatter_nd": lambda i: torch_masked.scatter_nd(i, torch.ones(1, dtype=F64), [5, 4]),
         "tensor_scatter_nd_add": lambda i: torch_masked.tensor_scatter_nd_add(params, i, torch.ones(1, dtype=F64)),
     }
-    for op, fn in scatter.items():
+    for op, fn in calls.items():
         with pytest.raises(IndexError) as eager:
             fn(indices[1])
         message = "^" + re.escape(str(eager.value).splitlines()[0]) + "$"
