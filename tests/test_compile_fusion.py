@@ -327,8 +327,11 @@ def test_declined_cases_run_our_kernel_and_raise_as_eager():
 
 
 def test_numbers_known_only_at_run_time_stay_symbolic():
+    # Fused where the dtype holds every value of the number's kind (a bool,
+    # an int in float32), else our kernel, which checks the value.
     def chain(c, x):
-        return torch_masked.where(c, x, x.shape[0]) * torch_masked.where(c, x.shape[0] * 0.5, x.half())
+        return (torch_masked.where(c, x, x.shape[0]) * torch_masked.where(c, x.shape[0] * 0.5, x.half())
+                + torch_masked.where(c, x.float(), x.shape[0]) + torch_masked.where(c, x > 0, x.shape[0] > 4))
 
     compiled = torch.compile(chain, fullgraph=True, dynamic=True)
     counters.clear()

@@ -32,7 +32,11 @@ class EveryOp(torch.nn.Module):
         return (tm.nonzero(x), *tm.nonzero(x, as_tuple=True), tm.nonzero_static(x, size=4),
                 tm.where(c, x, 0.0), tm.where(c, 2, x), tm.where(c, x, x.double()), tm.select(rows, x, -x),
                 picked, tm.boolean_mask(x, rows), scattered, summed, tm.gather_nd(summed, idx),
-                tm.tensor_scatter_nd_add(x, idx[:, :1], values.unsqueeze(1).expand(-1, 3)))
+                tm.tensor_scatter_nd_add(x, idx[:, :1], values.unsqueeze(1).expand(-1, 3)),
+                # Numbers known only at run time: through the front door (a 0-d
+                # tensor), and a Scalar that AOTInductor's generated where holds.
+                tm.where(c, x, x.shape[0] * 0.5), tm.where(c, x.shape[0] > 4, x),
+                torch.ops.masked.where.ScalarSelf(c, x.shape[0], x))
 
 
 def inputs(n, m):

@@ -94,7 +94,8 @@ class Selects(torch.nn.Module):
                 # Numbers known only at run time promote as numbers: int32 beside a 0-d
                 # int32, float16 beside a 0-d float16; and are not frozen at export.
                 tm.where(row[:1], xi[0, 0], x.shape[0]), tm.where(c[0], x.shape[0] * 0.5, x[0, 0].half()),
-                tm.where(c, x.shape[0] * 0.5, x))
+                tm.where(c, x.shape[0] * 0.5, x), torch.ops.masked.where.ScalarOther(row[:1], xi[0, 0], x.shape[0]),
+                torch.ops.masked.where.ScalarSelf(c[0], x.shape[0] * 0.5, x[0, 0].half()))
 
 
 def test_where_and_select_modes():

@@ -21,8 +21,8 @@ check_bounds, a row of zeros.
 A decomposition or lowering declines (the op stays our kernel) where
 Inductor would not keep our behaviour: a dtype outside ``FUSED_DTYPES``, a
 number that does not fit the result dtype (our kernel raises for it, as
-eager ``torch.where`` does), a number known only at run time (its range
-cannot be checked), and where's and select's shapes holding sizes known only
+eager ``torch.where`` does), a number known only at run time whose range
+the dtype may not hold (``_HOLD_EVERY``), and where's and select's shapes holding sizes known only
 at run time (from ``nonzero`` or ``boolean_mask``), whose mismatch our
 kernel reports by name; for gather_nd, see ``_gather_nd_lowering``.
 
@@ -111,12 +111,21 @@ def opaque(enabled=True):
         set_opaque(before)
 
 
+# The dtypes that hold every value of a number known only at run time, by
+# its kind (a bool's 0 and 1 fit every dtype); elsewhere its range cannot be
+# checked at compile time, and our kernel checks it.
+_HOLD_EVERY = {torch.SymInt: (torch.int64, torch.bfloat16, torch.float32, torch.float64),
+               torch.SymFloat: (torch.float64,)}
+
+
 def _number_fits(number, dtype):
     """Whether a Python number converts to `dtype` without overflow, as
     c10::checked_convert decides it for torch.where (inf and NaN fit every
-    floating dtype); a symbolic number cannot be checked at compile time."""
-    if isinstance(number, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return False
+    floating dtype)."""
+    if isinstance(number, torch.SymBool):
+        return True
+    if isinstance(number, (torch.SymInt, torch.SymFloat)):
+        return dtype in _HOLD_EVERY[type(number)]
     if dtype == torch.bool:
         return True
     if dtype.is_floating_point:

@@ -187,10 +187,12 @@ def _as_tensors(condition, x, y):
 
 
 def _is_number(value):
-    """A Python bool, int, float or complex (or one known only at run time),
-    as the number overloads take it; not a NumPy scalar, even one deriving
-    from float or complex (torch.ops refuses np.complex128 as a Scalar)."""
-    return type(value) in _PYTHON_NUMBERS
+    """A Python bool, int, float or complex, as the number overloads take it;
+    not a NumPy scalar, even one deriving from float or complex (torch.ops
+    refuses np.complex128 as a Scalar), nor a number known only at run time,
+    which becomes a 0-d tensor of the dtype a number would give (Inductor's
+    C++ wrapper, AOTInductor's, passes no symbolic Scalar to an op)."""
+    return type(value) in (bool, int, float, complex)
 
 
 def where(condition, x=None, y=None):
