@@ -3,7 +3,8 @@ masked ops, round-trips through torch.export.save/load, and compiles with
 AOTInductor into a package that loads back (here and in a fresh process) and
 runs; every time on inputs of other sizes than the export's, equal to eager.
 One module holds every op, since an AOTInductor compile takes tens of seconds.
-Then the ops taking lists of sizes under Inductor's C++ wrapper."""
+Then the ops taking lists of sizes under Inductor's C++ wrapper, and every
+front door under torch.fx.symbolic_trace."""
 
 import subprocess
 import sys
@@ -120,6 +121,38 @@ def test_inductor_cpp_wrapper_calls_the_ops_every_time():
         # not always with its message; 2.11's lets our IndexError through.
         with pytest.raises((RuntimeError, IndexError)):
             compiled(x, mask, idx * 5, values, mask_grad)
+
+
+def every_front_door(x, c, idx, values):
+    """Every front door, with sizes, numbers and an axis taken from x, which
+    symbolic_trace traces as Proxies too."""
+    summed = tm.scatter_nd(idx, values, [5, 3])
+    return (tm.nonzero(x), tm.nonzero(x, as_tuple=True), tm.nonzero_static(x, size=4), tm.where(c),
+            tm.where(c, x, 0.0), tm.where(c, 2, x), tm.where(c, x, x.shape[0] * 0.5), tm.select(c[:, 0], x, -x),
+            tm.boolean_mask(x, c[:, 1], axis=x.dim() - 2), summed, tm.gather_nd(summed, idx),
+            tm.scatter_nd(tm.where(c), tm.boolean_mask(x, c), x.shape),
+            tm.scatter_nd(idx[:, :1], values, [x.shape[0] + 5]),
+            tm.tensor_scatter_nd_add(x, idx[:, :1], values.unsqueeze(1).expand(-1, 3)))
+
+
+def test_fx_symbolic_trace_records_every_front_door():
+    traced = torch.fx.symbolic_trace(every_front_door)
+    called = {node.target for node in traced.graph.nodes if node.op == "call_function"}
+    assert {tm.nonzero, tm.where, tm.select, tm.boolean_mask, tm.scatter_nd, tm.gather_nd,
+            tm.tensor_scatter_nd_add} <= called
+    for args in RUNS:
+        assert_equal_outputs(traced(*args), every_front_door(*args))
+
+
+def test_a_torch_function_mode_alone_does_not_take_the_call():
+    # Only a tensor-like that is not a tensor takes a front door's call: a
+    # mode alone does not, so that torch.device(...) still sees the tensors
+    # a front door makes of numbers and lists.
+    with torch.device("meta"):
+        made = [tm.where([True, False], 1.0, 0.0), tm.select(True, [1.0, 2.0], [3.0, 4.0]),
+                tm.gather_nd([[1.0, 2.0]], [[0]]), tm.scatter_nd([[0]], [1.0], [2]),
+                tm.tensor_scatter_nd_add([1.0, 2.0], [[0]], [1.0])]
+    assert [t.device.type for t in made] == ["meta"] * 5
 
 
 def test_import_needs_no_onnx():

@@ -8,8 +8,10 @@ is ``boolean_mask`` again, so every order of derivative stays inside our ops
 import operator
 
 import torch
+from torch.overrides import handle_torch_function
 
 from ._checks import check_same_device, equal_or_unknown
+from ._overrides import has_stand_in
 
 
 def _shape_str(shape):
@@ -94,6 +96,8 @@ def boolean_mask(tensor, mask, axis=None):
     that is NumPy's ``tensor[mask]``. Array-likes (lists, NumPy arrays) are
     accepted for both arguments. Differentiable with respect to ``tensor``.
     """
+    if has_stand_in(tensor, mask, axis):
+        return handle_torch_function(boolean_mask, (tensor, mask, axis), tensor, mask, axis)
     if not isinstance(tensor, torch.Tensor):
         tensor = torch.as_tensor(tensor)
     if not isinstance(mask, torch.Tensor):

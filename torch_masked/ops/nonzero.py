@@ -7,8 +7,10 @@ overloads of one op, so each op has one return type. Neither is
 differentiable (the result is integer indices).
 """
 import torch
+from torch.overrides import handle_torch_function
 
 from ._checks import check_same_device
+from ._overrides import has_stand_in
 
 
 # Dtypes where "non-zero" means nothing: no zero value, or two values to an element.
@@ -74,6 +76,8 @@ def nonzero(input, *, as_tuple=False, out=None):
     ``out`` (2-D form only) is resized and filled, as ``torch.nonzero`` does.
     Non-zero means ``!= 0``: NaN and subnormals count, ``-0.0`` does not.
     """
+    if has_stand_in(input, out):
+        return handle_torch_function(nonzero, (input, out), input, as_tuple=as_tuple, out=out)
     if as_tuple:
         if out is not None:
             raise ValueError("nonzero: out= is not supported with as_tuple=True")

@@ -11,8 +11,10 @@ csrc/autograd/scatter_nd_autograd.cpp.
 import numbers
 
 import torch
+from torch.overrides import handle_torch_function
 
 from ._checks import check, check_same_device, equal_or_unknown
+from ._overrides import has_stand_in
 
 # csrc/scatter_nd_index.h:kMaxIndexDepth
 MAX_INDEX_DEPTH = 25
@@ -163,6 +165,11 @@ def scatter_nd(indices, updates, shape, *, check_bounds=True):
     IndexError; with ``check_bounds=False`` (no device sync, e.g. inside a
     CUDA graph) such rows are dropped instead. Lists are accepted for
     ``indices``, ``updates`` and ``shape``."""
+    sizes = shape if isinstance(shape, (list, tuple)) else (shape,)  # FX traces x.shape[0] as a Proxy
+    if has_stand_in(indices, updates, *sizes):
+        return handle_torch_function(
+            scatter_nd, (indices, updates, *sizes), indices, updates, shape, check_bounds=check_bounds
+        )
     if not (isinstance(indices, torch.Tensor) and isinstance(updates, torch.Tensor)):
         device = _device_of(indices, updates)
         indices = _as_index_tensor(indices, device)
@@ -182,6 +189,10 @@ def tensor_scatter_nd_add(tensor, indices, updates, *, check_bounds=True):
     """``tensor`` plus ``updates`` added at ``indices`` (out of place), as
     ``tf.tensor_scatter_nd_add``; the rules of ``scatter_nd`` apply."""
     if not all(isinstance(t, torch.Tensor) for t in (tensor, indices, updates)):
+        if has_stand_in(tensor, indices, updates):
+            return handle_torch_function(
+                tensor_scatter_nd_add, (tensor, indices, updates), tensor, indices, updates, check_bounds=check_bounds
+            )
         tensor = _as_tensor(tensor, _device_of(tensor, indices, updates), _dtype_of(updates))
         indices = _as_index_tensor(indices, tensor.device)
         updates = _as_tensor(updates, tensor.device, tensor.dtype)
@@ -193,6 +204,8 @@ def gather_nd(params, indices, *, check_bounds=True):
     ``indices.shape[:-1] + params.shape[K:]``. An index out of bounds is an
     IndexError; with ``check_bounds=False`` its rows are zeros instead."""
     if not (isinstance(params, torch.Tensor) and isinstance(indices, torch.Tensor)):
+        if has_stand_in(params, indices):
+            return handle_torch_function(gather_nd, (params, indices), params, indices, check_bounds=check_bounds)
         params = _as_tensor(params, _device_of(params, indices))
         indices = _as_index_tensor(indices, params.device)
     return _call(_gather_nd, check_bounds, params, indices)

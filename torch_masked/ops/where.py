@@ -10,8 +10,10 @@ import numbers
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
+from torch.overrides import handle_torch_function
 
 from ._checks import check, check_same_device, equal_or_unknown
+from ._overrides import has_stand_in
 
 # csrc/element_select.h: kMaxSelectDims.
 MAX_SELECT_DIMS = 25
@@ -180,8 +182,6 @@ def _first_device(*values):
 
 def _as_tensors(condition, x, y):
     """All three as tensors, on the device of the first one given as a tensor."""
-    if isinstance(condition, torch.Tensor) and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-        return condition, x, y  # the common call, at no cost
     device = _first_device(condition, x, y)
     return _as_tensor(condition, None, device), _as_tensor(x, y, device), _as_tensor(y, x, device)
 
@@ -204,6 +204,8 @@ def where(condition, x=None, y=None):
     wherever a tensor is."""
     if isinstance(condition, torch.Tensor) and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
         return _where_self(condition, x, y)  # the common call, first
+    if has_stand_in(condition, x, y):
+        return handle_torch_function(where, (condition, x, y), condition, x, y)
     if x is None and y is None:
         if not isinstance(condition, torch.Tensor):
             condition = torch.tensor(condition)
@@ -229,4 +231,8 @@ def select(condition, x, y):
     bool scalar (all of ``x`` or all of ``y``), of ``x``'s shape (element by
     element), or 1-D of length ``x.shape[0]`` (whole rows). No other
     broadcasting. Python numbers and nested lists are accepted."""
+    if isinstance(condition, torch.Tensor) and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        return _select(condition, x, y)  # the common call, first
+    if has_stand_in(condition, x, y):
+        return handle_torch_function(select, (condition, x, y), condition, x, y)
     return _select(*_as_tensors(condition, x, y))

@@ -1,0 +1,24 @@
+"""How the front doors honour ``__torch_function__``, as torch's own
+functions do.
+
+A front door given a tensor-like that is not a tensor (FX's Proxy, under
+``torch.fx.symbolic_trace``) hands the whole call to it, through
+``torch.overrides.handle_torch_function``: FX then records
+``torch_masked.where`` itself, where the front door would otherwise try to
+make a tensor of the Proxy. Tensors never take this path: the op they reach
+is called through torch.ops, which honours ``__torch_function__`` (tensor
+subclasses) and TorchFunctionModes itself. Nor does an active mode alone,
+so that a mode such as ``with torch.device(...)`` still sees the tensors a
+front door makes of numbers and lists.
+"""
+import torch
+from torch.overrides import has_torch_function
+
+
+def has_stand_in(*values):
+    """Whether one of ``values`` is a tensor-like that is not a tensor. The
+    C test first, which is false at once for tensors and numbers (0.1 µs,
+    where the Python test alone costs 1 µs)."""
+    return has_torch_function(values) and any(
+        not isinstance(v, torch.Tensor) and hasattr(type(v), "__torch_function__") for v in values
+    )
