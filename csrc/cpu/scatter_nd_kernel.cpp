@@ -383,7 +383,9 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
         continue;
       }
       if (from != nullptr) {
-        std::memcpy(dst, from, row_bytes);
+        // Not memcpy: for empty slices dst may be null (a view's base is not),
+        // which memcpy may not be given even to copy nothing.
+        std::copy_n(from, columns, dst);
       } else {
         std::fill(dst, dst + columns, scalar_t{});
       }
