@@ -5,7 +5,7 @@ the CPU (README.md here):
 
 Each .cu file is compiled as C++ against include/ (fibers for CUDA threads,
 stand-ins for the CUDA runtime, c10's CUDA helpers and CUB), under
-UndefinedBehaviorSanitizer's alignment, bounds and overflow checks, and
+UndefinedBehaviorSanitizer (every check of -fsanitize=undefined), and
 registered as the CPU kernels of torch.ops.masked in place of csrc/cpu's.
 Tests of what only csrc/cpu's kernels do are marked cpu_kernel and left out,
 and so are those past 2**31 elements (marked large: far too slow emulated).
@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
 BUILD = ROOT / "build" / "cuda_emulation"
 ASAN = "--asan" in sys.argv[1:]
-SANITIZERS = "alignment,bounds,shift,signed-integer-overflow" + (",address" if ASAN else "")
+SANITIZERS = "undefined" + (",address" if ASAN else "")
 
 # (file, text, replacement, why): the few places where the CUDA sources
 # depend on running on a GPU. Each text must be found, so that a change to
