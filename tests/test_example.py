@@ -15,11 +15,15 @@ SCRIPT = os.path.join(ROOT, "examples", "train_masked.py")
 pytestmark = pytest.mark.cpu_kernel
 
 
-def _train(tmp_path, launcher, *arguments):
+def _train(tmp_path, launcher, *arguments, attempts=1):
     report = tmp_path / "report.json"
     env = dict(os.environ, **local_environment())
-    subprocess.run([*launcher, SCRIPT, "--report", str(report), *arguments], check=True, timeout=400, env=env, cwd=ROOT)
-    return json.loads(report.read_text())
+    command = [*launcher, SCRIPT, "--report", str(report), *arguments]
+    for attempt in range(attempts):
+        run = subprocess.run(command, timeout=400, env=env, cwd=ROOT)
+        if run.returncode == 0 or attempt == attempts - 1:
+            run.check_returncode()
+            return json.loads(report.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,10 @@ def test_compiled_step_equals_eager_step(single):
 def test_ddp_under_torchrun_follows_one_process(tmp_path, single):
     # --standalone: a rendezvous on a free port of this machine.
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    ddp = _train(tmp_path, torchrun, "--ddp", "--steps", "4")
+    # Under torch 2.11 a rank now and then aborts as it exits, after its last
+    # step ("terminate called without an active exception", SIGABRT, about
+    # one run in ten here): one more attempt.
+    ddp = _train(tmp_path, torchrun, "--ddp", "--steps", "4", attempts=2)
     assert ddp["world_size"] == 2
     assert ddp["eager_compiled_difference"] < 1e-5
     assert ddp["losses"] == pytest.approx(single["losses"][:4], rel=1e-4)
