@@ -619,6 +619,20 @@ class GatherNd(torch.autograd.Function):
         return _ops.gather_nd(_batch_first(params, params_dim, batch), indices, check_bounds=False), 0
 
 
+_AUTOCAST_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _as_autocast_casts(tensor, updates):
+    """`tensor` and `updates` cast as csrc/autocast.cpp casts them under
+    torch.autocast (two floating dtypes: both to the wider), for the batching
+    rule's checks, which run before that kernel does."""
+    if (tensor.dtype != updates.dtype and tensor.dtype in _AUTOCAST_FLOATING and updates.dtype in _AUTOCAST_FLOATING
+            and torch.is_autocast_enabled(tensor.device.type)):
+        wider = torch.promote_types(tensor.dtype, updates.dtype)
+        return tensor.to(wider), updates.to(wider)
+    return tensor, updates
+
+
 class TensorScatterNdAdd(torch.autograd.Function):
     @staticmethod
     def forward(tensor, indices, updates, check_bounds=True):
@@ -649,6 +663,7 @@ class TensorScatterNdAdd(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, tensor, indices, updates, check_bounds=True):
         tensor_dim, indices_dim, updates_dim = in_dims[:3]
+        tensor, updates = _as_autocast_casts(tensor, updates)
         shape = _logical_shape(tensor, tensor_dim)
         _check_scatter(
             "tensor_scatter_nd_add",
