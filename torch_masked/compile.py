@@ -37,11 +37,14 @@ Inductor's scatters would not keep our contract: negative indices wrap, an
 out-of-range index is not our IndexError naming the row (on CUDA it is a
 device assert), and sums follow the order of atomic adds.
 """
+from __future__ import annotations
+
 import contextlib
 import functools
 import hashlib
 import math
 import pathlib
+from typing import Iterator
 
 import sympy
 import torch
@@ -78,7 +81,7 @@ def _update_cache_tag():
     torch.compiler.config.cache_key_tag = tag + _cache_tag
 
 
-def set_opaque(enabled):
+def set_opaque(enabled: bool) -> None:
     """Keep every op our opaque kernel inside compiled graphs, called as in
     eager (``True``), or let Inductor fuse ``where``, ``select`` and
     ``gather_nd``, and add ``tensor_scatter_nd_add`` in place where it can
@@ -95,13 +98,13 @@ def set_opaque(enabled):
     _update_cache_tag()
 
 
-def is_opaque():
+def is_opaque() -> bool:
     """Whether every op stays opaque in compiled graphs (see ``set_opaque``)."""
     return _opaque
 
 
 @contextlib.contextmanager
-def opaque(enabled=True):
+def opaque(enabled: bool = True) -> Iterator[None]:
     """``set_opaque(enabled)`` for the graphs compiled inside the block."""
     before = _opaque
     set_opaque(enabled)

@@ -22,6 +22,11 @@ The translations are traced when a graph is exported: they see each input's
 rank and dtype, and the Python values of the op's non-tensor arguments.
 Importing ``torch_masked`` never imports this module.
 """
+from __future__ import annotations
+
+
+import os
+from typing import Any, Callable
 
 import torch
 from onnxscript import ir
@@ -269,7 +274,7 @@ def _tensor_scatter_nd_add(tensor, indices, updates, check_bounds=True):
     return _scatter_add("tensor_scatter_nd_add", tensor, indices, updates)
 
 
-def translation_table():
+def translation_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
     """{torch.ops.masked.<op>.<overload>: onnxscript translation}, every op and
     overload, for ``torch.onnx.export(..., custom_translation_table=)``."""
     masked = torch.ops.masked
@@ -304,8 +309,16 @@ def _check_opset(program, opset_version):
                 f"opset {_SCATTER_OPSET} or later")
 
 
-def export(model, args=(), f=None, *, opset_version=None, custom_translation_table=None,
-           external_data=True, **kwargs):
+def export(
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...] = (),
+    f: str | os.PathLike[str] | None = None,
+    *,
+    opset_version: int | None = None,
+    custom_translation_table: dict[Callable[..., Any], Any] | None = None,
+    external_data: bool = True,
+    **kwargs: Any,
+) -> torch.onnx.ONNXProgram:
     """``torch.onnx.export(model, args, f, dynamo=True, ...)`` with the translations
     of the masked ops added to ``custom_translation_table`` (the caller's own
     entries win); returns PyTorch's ``ONNXProgram``. An ``opset_version`` below

@@ -5,13 +5,17 @@ The backward op writes the gradient slices back into zeros; its own gradient
 is ``boolean_mask`` again, so every order of derivative stays inside our ops
 (csrc/autograd/boolean_mask_autograd.cpp).
 """
+from __future__ import annotations
+
 import operator
+from typing import SupportsIndex
 
 import torch
 from torch.overrides import handle_torch_function
 
 from ._checks import check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
+from ._types import TensorLike
 
 
 def _shape_str(shape):
@@ -85,7 +89,7 @@ def _boolean_mask_backward_fake(grad, mask, input_shape, axis):
 _boolean_mask = torch.ops.masked.boolean_mask.default
 
 
-def boolean_mask(tensor, mask, axis=None):
+def boolean_mask(tensor: TensorLike, mask: TensorLike, axis: SupportsIndex | None = None) -> torch.Tensor:
     """``tf.boolean_mask``: the slices of ``tensor`` where ``mask`` is true.
 
     ``mask`` is a bool tensor of rank K >= 1 whose shape equals

@@ -6,6 +6,10 @@ sibling op ``masked::nonzero_tuple``: a flag's value cannot choose between
 overloads of one op, so each op has one return type. Neither is
 differentiable (the result is integer indices).
 """
+from __future__ import annotations
+
+from typing import Literal, overload
+
 import torch
 from torch.overrides import handle_torch_function
 
@@ -66,7 +70,20 @@ _nonzero_tuple = torch.ops.masked.nonzero_tuple.default
 _nonzero_static = torch.ops.masked.nonzero_static.default
 
 
-def nonzero(input, *, as_tuple=False, out=None):
+# The result's type follows as_tuple, for type checkers.
+@overload
+def nonzero(input: torch.Tensor, *, as_tuple: Literal[False] = ..., out: torch.Tensor | None = ...) -> torch.Tensor: ...
+@overload
+def nonzero(input: torch.Tensor, *, as_tuple: Literal[True], out: None = ...) -> tuple[torch.Tensor, ...]: ...
+@overload
+def nonzero(
+    input: torch.Tensor, *, as_tuple: bool, out: torch.Tensor | None = ...
+) -> torch.Tensor | tuple[torch.Tensor, ...]: ...
+
+
+def nonzero(
+    input: torch.Tensor, *, as_tuple: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Indices of the non-zero elements of ``input``, as ``torch.nonzero``.
 
     ``as_tuple=False``: an int64 tensor of shape ``[z, input.dim()]``, one
@@ -91,7 +108,7 @@ def nonzero(input, *, as_tuple=False, out=None):
     return out.resize_(result.shape).copy_(result)
 
 
-def nonzero_static(input, *, size, fill_value=-1):
+def nonzero_static(input: torch.Tensor, *, size: int | torch.SymInt, fill_value: int = -1) -> torch.Tensor:
     """The first ``size`` rows of ``nonzero(input)``, padded with ``fill_value``:
     a ``[size, input.dim()]`` int64 tensor, computed with no host-device sync."""
     return _nonzero_static(input, size=size, fill_value=fill_value)

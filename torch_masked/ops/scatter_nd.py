@@ -8,6 +8,8 @@ tensor_scatter_nd_add's in-place form, masked::tensor_scatter_nd_add_.
 Each backward is one of the other two ops (scatter <-> gather), in
 csrc/autograd/scatter_nd_autograd.cpp.
 """
+from __future__ import annotations
+
 import numbers
 
 import torch
@@ -15,6 +17,7 @@ from torch.overrides import handle_torch_function
 
 from ._checks import check, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
+from ._types import Shape, TensorLike
 
 # csrc/scatter_nd_index.h:kMaxIndexDepth
 MAX_INDEX_DEPTH = 25
@@ -157,7 +160,7 @@ def _call(op, check_bounds, *args):
     return op(*args) if check_bounds else op(*args, check_bounds=False)
 
 
-def scatter_nd(indices, updates, shape, *, check_bounds=True):
+def scatter_nd(indices: TensorLike, updates: TensorLike, shape: Shape, *, check_bounds: bool = True) -> torch.Tensor:
     """A new tensor of ``shape``, zero, plus ``updates`` added at ``indices``
     (``tf.scatter_nd``). ``indices`` is int32/int64 of shape ``[..., K]``,
     ``updates`` of shape ``indices.shape[:-1] + shape[K:]``; duplicate indices
@@ -185,7 +188,9 @@ def scatter_nd(indices, updates, shape, *, check_bounds=True):
     return _call(_scatter_nd, check_bounds, indices, updates, shape)
 
 
-def tensor_scatter_nd_add(tensor, indices, updates, *, check_bounds=True):
+def tensor_scatter_nd_add(
+    tensor: TensorLike, indices: TensorLike, updates: TensorLike, *, check_bounds: bool = True
+) -> torch.Tensor:
     """``tensor`` plus ``updates`` added at ``indices`` (out of place), as
     ``tf.tensor_scatter_nd_add``; the rules of ``scatter_nd`` apply."""
     if not all(isinstance(t, torch.Tensor) for t in (tensor, indices, updates)):
@@ -199,7 +204,7 @@ def tensor_scatter_nd_add(tensor, indices, updates, *, check_bounds=True):
     return _call(_tensor_scatter_nd_add, check_bounds, tensor, indices, updates)
 
 
-def gather_nd(params, indices, *, check_bounds=True):
+def gather_nd(params: TensorLike, indices: TensorLike, *, check_bounds: bool = True) -> torch.Tensor:
     """The slices of ``params`` at ``indices`` (``tf.gather_nd``): shape
     ``indices.shape[:-1] + params.shape[K:]``. An index out of bounds is an
     IndexError; with ``check_bounds=False`` its rows are zeros instead."""

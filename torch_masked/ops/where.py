@@ -6,7 +6,10 @@ gradients: csrc/autograd/where_autograd.cpp).
 ``where(condition)`` is a composite of ``masked::nonzero`` registered in C++
 (csrc/where.cpp), so it has no fake kernel or formula of its own here.
 """
+from __future__ import annotations
+
 import numbers
+from typing import overload
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
@@ -14,6 +17,7 @@ from torch.overrides import handle_torch_function
 
 from ._checks import check, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
+from ._types import TensorLike
 
 # csrc/element_select.h: kMaxSelectDims.
 MAX_SELECT_DIMS = 25
@@ -195,7 +199,13 @@ def _is_number(value):
     return type(value) in (bool, int, float, complex)
 
 
-def where(condition, x=None, y=None):
+@overload
+def where(condition: TensorLike) -> torch.Tensor: ...
+@overload
+def where(condition: TensorLike, x: TensorLike, y: TensorLike) -> torch.Tensor: ...
+
+
+def where(condition: TensorLike, x: TensorLike | None = None, y: TensorLike | None = None) -> torch.Tensor:
     """``tf.where``. With only ``condition``: the ``[z, condition.dim()]``
     int64 indices of its non-zero elements, in row-major order. With ``x`` and
     ``y``: elements of ``x`` where the bool ``condition`` is true, else of
@@ -226,7 +236,7 @@ def where(condition, x=None, y=None):
     return _where_number_y(condition, tensor, y)
 
 
-def select(condition, x, y):
+def select(condition: TensorLike, x: TensorLike, y: TensorLike) -> torch.Tensor:
     """TensorFlow's ``Select``: ``x`` and ``y`` of one shape; ``condition`` a
     bool scalar (all of ``x`` or all of ``y``), of ``x``'s shape (element by
     element), or 1-D of length ``x.shape[0]`` (whole rows). No other
