@@ -10,6 +10,8 @@ import pytest
 # runs the kernels' tests (a GPU machine) may lack it.
 mypy_api = pytest.importorskip("mypy.api")
 
+pytestmark = pytest.mark.static
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Every public function, called as the README and the TensorFlow examples call

@@ -141,7 +141,7 @@ def main():
         # AddressSanitizer reports on file descriptor 2 and ends the process:
         # pytest must not be holding that descriptor's output when it does.
         arguments.insert(0, "--capture=sys")
-    return pytest.main(["-p", "no:cacheprovider", "-m", "not cuda and not cpu_kernel and not large and not deployment", *arguments])
+    return pytest.main(["-p", "no:cacheprovider", "-m", "not cuda and not cpu_kernel and not large and not deployment and not static", *arguments])
 
 
 if __name__ == "__main__":
