@@ -24,7 +24,6 @@ Importing ``torch_masked`` never imports this module.
 """
 from __future__ import annotations
 
-
 import os
 from typing import Any, Callable
 
