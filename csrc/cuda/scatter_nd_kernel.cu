@@ -574,9 +574,9 @@ __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned 
 // Whether a deterministic scatter sums in fixed point: float, half or
 // bfloat16 updates (at least one) into an output of at most
 // kFixedPointMaxElements elements.
-bool takes_fixed_point(at::ScalarType dtype, const NdIndexGeometry& g) {
+bool takes_fixed_point(bool deterministic, at::ScalarType dtype, const NdIndexGeometry& g) {
   const int64_t elements = g.num_slots * g.slice_size;
-  return at::globalContext().deterministicAlgorithms() &&
+  return deterministic &&
          (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && g.num_rows > 0 && elements > 0 &&
          elements <= kFixedPointMaxElements && g.num_rows <= kFixedPointMaxRows;
 }
@@ -632,8 +632,11 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
   const c10::cuda::CUDAGuard guard(updates.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor output = into_tensor ? *tensor : scatter_output(shape, updates.options());
+  // Read once: the output is left unzeroed below only for the path chosen
+  // by this same reading, even if another thread changes the mode meanwhile.
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
   // The fixed-point sums write every element of an output without a base.
-  const bool fixed_point = takes_fixed_point(updates.scalar_type(), g);
+  const bool fixed_point = takes_fixed_point(deterministic, updates.scalar_type(), g);
   if (into_tensor) {
     // The output holds its base already.
   } else if (tensor != nullptr) {
@@ -647,7 +650,6 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
   const FirstBadRow first_bad(check_bounds, g, updates.device(), stream);
   int64_t* first_bad_ptr = first_bad.device_ptr();
   const int64_t total = g.num_rows * g.slice_size;
-  const bool deterministic = at::globalContext().deterministicAlgorithms();
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
     const index_t* index_data = indices.const_data_ptr<index_t>();
     AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kHalf, at::kBFloat16, at::kBool, updates.scalar_type(), "scatter_nd", [&] {
@@ -757,7 +759,9 @@ at::Tensor gather_nd_cuda(const at::Tensor& params, const at::Tensor& indices, b
 
 void check_gather_nd_indices_cuda(const at::Tensor& indices, c10::SymIntArrayRef params_shape,
                                   const at::Tensor& out_of_bounds) {
-  // The shared check reads out_of_bounds with item(), not read_to_host.
+  // The shared check reads out_of_bounds with item(), not read_to_host; the
+  // capture asked about is the one on the indices' device.
+  const c10::cuda::CUDAGuard guard(indices.device());
   refuse_while_capturing("gather_nd", kOutOfBoundsRead, kWithoutTheRead);
   check_gather_nd_indices_op(indices, C10_AS_INTARRAYREF_SLOW(params_shape), out_of_bounds, raise_first_bad_row_cuda);
 }
