@@ -467,6 +467,32 @@ def test_front_doors_take_python_lists():
     assert torch_masked.scatter_nd(torch.zeros(0, 1, dtype=torch.int64), [], [3]).tolist() == [0.0, 0.0, 0.0]
 
 
+def test_lists_take_the_tensors_dtype_only_where_no_value_changes():
+    # Beside a tensor, a list or array takes its dtype when that changes no
+    # value; otherwise the op refuses the pair, as it refuses such tensors,
+    # where a cast would truncate 1.7 to 1 or wrap -1 to 255.
+    ints, floats = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.float64)
+    assert_same(torch_masked.tensor_scatter_nd_add(floats, [[1]], [2]), torch.tensor([0.0, 2, 0, 0], dtype=torch.float64))
+    assert_same(torch_masked.tensor_scatter_nd_add(floats, [[1]], np.array([2.5], dtype=np.float32)),
+                torch.tensor([0.0, 2.5, 0, 0], dtype=torch.float64))
+    assert_same(torch_masked.tensor_scatter_nd_add(torch.zeros(2, dtype=torch.uint8), [[1]], [255]),
+                torch.tensor([0, 255], dtype=torch.uint8))
+    assert_same(torch_masked.tensor_scatter_nd_add([1, 2], [[1]], torch.tensor([0.5])), torch.tensor([1.0, 2.5]))
+    assert_same(torch_masked.tensor_scatter_nd_add(torch.zeros(2, dtype=torch.int32), torch.zeros(0, 1, dtype=torch.int64), []),
+                torch.zeros(2, dtype=torch.int32))
+    refused = [
+        (ints, [[1]], [1.7], "torch.int64, got torch.float32"),
+        (ints, [[1]], np.array([1.7]), "torch.int64, got torch.float64"),
+        (torch.zeros(2, dtype=torch.uint8), [[1]], [-1], "torch.uint8, got torch.int64"),
+        (torch.zeros(2, dtype=torch.int8), [[1]], [300], "torch.int8, got torch.int64"),
+        (torch.zeros(2), [[1]], [1j], "torch.float32, got torch.complex64"),
+        ([0.5, 0.5], [[1]], torch.tensor([1]), "torch.float32, got torch.int64"),
+    ]
+    for tensor, indices, updates, dtypes in refused:
+        with pytest.raises(TypeError, match=rf"tensor_scatter_nd_add: expected updates of the dtype of tensor, {dtypes}"):
+            torch_masked.tensor_scatter_nd_add(tensor, indices, updates)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rank1_indices_are_one_index_and_k0_adds_everywhere(device):
     out = torch_masked.scatter_nd(torch.tensor([1, 2], device=device), torch.tensor(5.0, device=device), [3, 4])
@@ -786,6 +812,12 @@ def test_shape_and_dtype_errors(device):
             torch_masked.scatter_nd(idx, upd.to(dtype), [3])
     with pytest.raises(TypeError, match=r"scatter_nd: expected shape of integers, got \[3.0\]"):
         torch_masked.scatter_nd(idx, upd, [3.0])
+    with pytest.raises(TypeError, match=r"scatter_nd: expected shape of integers, got \[True, 3\]"):
+        torch_masked.scatter_nd(idx[:, :0], torch.ones(2, 1, 3, device=device), [True, 3])  # torch.zeros refuses it too
+    for shape, shown in [(3, "3"), (torch.tensor(3), "3"), (None, "None")]:
+        with pytest.raises(TypeError, match=rf"scatter_nd: expected shape to be a sequence of sizes \(a list, tuple, "
+                                            rf"torch.Size or 1-D tensor\), got {shown}$"):
+            torch_masked.scatter_nd(idx, upd, shape)
 
 
 def test_misaligned_complex128_is_refused():

@@ -350,10 +350,40 @@ def test_where_number_that_does_not_fit_raises_like_torch(device, dtype, number)
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_where_scalars_only(device):
+    # Two numbers take torch.result_type of the pair, as in torch.where: an
+    # int past int64 beside a float, or two of them (uint64), and NumPy's
+    # scalars (a float64 one counts as a Python float there).
     condition = random_condition((4,), device)
-    for x, y in [(1, 100), (1.5, 2), (True, False), (2, 0.5j)]:
+    pairs = [(1, 100), (1.5, 2), (True, False), (2, 0.5j), (2**63, 0.5), (2**63, 2**63), (1, np.float64(2.5)),
+             (np.float32(1.5), np.int64(2))]
+    for x, y in pairs:
         assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
+        assert_same(torch_masked.select(condition[0], x, y), torch.where(condition[0], x, y))
     assert torch_masked.where(condition, 1, 2).device == condition.device
+    with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64 types is not supported"):
+        torch_masked.where(condition, 2**63, 1)  # as torch.where
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_where_scalars_only_follow_the_default_dtype():
+    condition = random_condition((2,), "cpu")
+    previous = torch.get_default_dtype()
+    try:
+        for default in (torch.float16, torch.bfloat16, torch.float64):
+            torch.set_default_dtype(default)
+            for x, y in [(1j, 2.5), (1, 2.5), (True, 1j)]:
+                assert_same(torch_masked.where(condition, x, y), torch.where(condition, x, y))
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_where_scalars_only_compile_without_graph_breaks():
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda c: (torch_masked.where(c, 2, 0.5), torch_masked.select(c[0], 1, True)),
+                             fullgraph=True)
+    condition = random_condition((3,), "cpu")
+    for actual, expected in zip(compiled(condition), (torch.where(condition, 2, 0.5), torch.where(condition[0], 1, True))):
+        assert_same(actual, expected)
 
 
 def test_where_reference_page_selection():
@@ -790,6 +820,30 @@ def test_gradient_to_real_branch_of_complex_result(device):
     out.abs().sum().backward()
     assert x.grad.dtype == torch.float64 and y.grad.dtype == torch.complex128
     assert x.grad.tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("real_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("complex_dtype", [torch.complex64, torch.complex128])
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_gradient_of_a_4_byte_complex_result_summed_to_a_0d_branch(device, real_dtype, complex_dtype):
+    # float16 (bfloat16) beside a 0-d complex tensor makes complex32
+    # (bcomplex32), which ATen cannot sum on the CPU: y's gradient is summed
+    # in complex64, then given y's dtype. (torch.where's backward refuses the
+    # real branch here, so the reference is worked by hand.)
+    condition = torch.tensor([[True, False, True], [False, True, False]], device=device)
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=real_dtype, device=device, requires_grad=True)
+    y = torch.tensor(1 + 2j, dtype=complex_dtype, device=device, requires_grad=True)
+    out = torch_masked.where(condition, x, y)
+    assert out.dtype == torch.where(condition, x, y).dtype and out.element_size() == 4
+    upstream = torch.tensor([[1, 2j, 3], [4j, 5, 6 + 1j]], dtype=torch.complex64, device=device).to(out.dtype)
+    gx, gy = torch.autograd.grad(out, (x, y), upstream)
+    assert gx.dtype == real_dtype and gx.tolist() == [[1.0, 0.0, 3.0], [0.0, 5.0, 0.0]]
+    assert gy.dtype == complex_dtype and gy.item() == 6 + 7j
+    # The same through torch.func (transforms.py's own backward).
+    loss = lambda x, y: torch.view_as_real(torch_masked.where(condition, x, y).to(torch.complex64)).sum()
+    fx, fy = torch.func.grad(loss, argnums=(0, 1))(x.detach(), y.detach())
+    assert fx.tolist() == condition.to(real_dtype).tolist() and fy.dtype == complex_dtype and fy.item() == 3 + 3j
 
 
 # ---------------------------------------------------------------- opcheck

@@ -158,6 +158,8 @@ def _to_branch(grad, shape, dtype):
         grad = grad.real
     # A 0-d gradient summed to a 0-d branch would still turn -0.0 into +0.0.
     if shape is not None and not (len(shape) == 0 and grad.dim() == 0):
+        if grad.is_complex() and grad.element_size() < 8:  # complex32, bcomplex32: no CPU sum in ATen
+            grad = grad.to(torch.complex64)
         grad = grad.sum_to_size(shape)
     return grad.to(dtype)
 

@@ -120,6 +120,11 @@ at::Tensor to_branch(at::Tensor grad, AutogradContext* ctx, const char* shape_ke
   }
   const auto shape = ctx->saved_data.find(shape_key);
   if (shape != ctx->saved_data.end()) {
+    // ATen has no CPU sum of the 4-byte complex types (complex32 of float16
+    // beside a 0-d complex tensor, bcomplex32 of bfloat16): summed in complex64.
+    if (grad.is_complex() && grad.element_size() < 8) {
+      grad = grad.to(at::kComplexFloat);
+    }
     grad = grad.sum_to_size_symint(shape->second.toSymIntVector());
   }
   return grad.scalar_type() == branch_dtype ? grad : grad.to(branch_dtype);

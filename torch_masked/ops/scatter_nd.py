@@ -11,6 +11,7 @@ csrc/autograd/scatter_nd_autograd.cpp.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 
 import torch
 from torch.overrides import handle_torch_function
@@ -122,12 +123,33 @@ def _check_gather_nd_indices_fake(indices, params_shape, out_of_bounds):
         )
 
 
-def _as_tensor(value, device, dtype=None):
+def _as_tensor(value, device, partner_dtype=None):
     """A tensor unchanged (so that a wrong dtype or device is still refused by
-    the op); a Python number or (nested) list made into one on `device`."""
+    the op); a Python number, (nested) list or array made into one on
+    `device`. Beside a tensor of `partner_dtype` it takes that dtype where no
+    value changes kind or range (ints into a float tensor, say); otherwise
+    it keeps its own, and the op refuses the pair rather than truncate 1.7
+    to 1 or wrap -1 to 255."""
     if isinstance(value, torch.Tensor):
         return value
-    return torch.as_tensor(value, dtype=dtype, device=device)
+    value = torch.as_tensor(value)  # checked on the host, then moved
+    if partner_dtype is not None and value.dtype != partner_dtype and _converts_exactly(value, partner_dtype):
+        value = value.to(partner_dtype)
+    return value.to(device)
+
+
+def _converts_exactly(values, dtype):
+    """Whether `values` go to `dtype` with no change of kind (float to int,
+    complex to real) and, into an integer dtype, no wrap. No values (an
+    empty list is float32) change in any dtype."""
+    if values.numel() == 0:
+        return True
+    if not torch.can_cast(values.dtype, dtype):
+        return False
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return True
+    limits = torch.iinfo(dtype)
+    return limits.min <= values.min().item() and values.max().item() <= limits.max
 
 
 def _as_index_tensor(indices, device):
@@ -179,11 +201,16 @@ def scatter_nd(indices: TensorLike, updates: TensorLike, shape: Shape, *, check_
         updates = _as_tensor(updates, indices.device)
     if isinstance(shape, torch.Tensor):
         shape = shape.tolist()
+    if not isinstance(shape, Sequence):
+        raise TypeError(f"scatter_nd: expected shape to be a sequence of sizes (a list, tuple, torch.Size or "
+                        f"1-D tensor), got {shape!r}")
     # Plain ints tested first: isinstance against the numbers.Integral ABC
     # costs 0.9 µs a call, a quarter of a small scatter_nd.
     if not (all(type(size) is int for size in shape)
-            or all(isinstance(size, (numbers.Integral, torch.SymInt)) for size in shape)):
-        # The op's own refusal of a float size is a long pybind11 cast error.
+            or all(isinstance(size, (numbers.Integral, torch.SymInt)) and not isinstance(size, bool)
+                   for size in shape)):
+        # The op's own refusal of a float size is a long pybind11 cast error;
+        # a bool would pass it as 0 or 1, where torch.zeros refuses it.
         raise TypeError(f"scatter_nd: expected shape of integers, got {list(shape)}")
     return _call(_scatter_nd, check_bounds, indices, updates, shape)
 

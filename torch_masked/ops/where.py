@@ -15,6 +15,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.overrides import handle_torch_function
 
+from .._after_import import when_imported
 from ._checks import check, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
 from ._types import TensorLike
@@ -160,9 +161,8 @@ def _as_tensor(value, partner, device):
     torch.where gives the pair, torch.result_type(partner, value), so that it
     promotes as torch.where's wrapped numbers do (a plain 0-d tensor of the
     default dtype would not: ``where(c, half_0d, 2.0)`` would come out
-    float32). A number without a tensor partner takes torch's default dtype
-    for its kind. Anything else (nested lists, NumPy arrays) goes through
-    torch.as_tensor.
+    float32). Two numbers are made by _numbers_as_tensors. Anything else
+    (nested lists, NumPy arrays) goes through torch.as_tensor.
 
     Numbers become tensors through torch.full: a fill on the device, where
     torch.tensor would copy from the host, and on CUDA wait for the copy.
@@ -175,17 +175,47 @@ def _as_tensor(value, partner, device):
         else:  # NumPy's scalars, which torch promotes in its own ways
             dtype = torch.result_type(partner, value)
         return torch.full((), value, dtype=dtype, device=device)
-    if type(value) in _PYTHON_NUMBERS:  # torch.full infers the dtype as torch.as_tensor does
+    if type(value) in _PYTHON_NUMBERS:  # a condition, or a number known only at run time
         return torch.full((), value, device=device)
     return torch.as_tensor(value, device=device)
+
+
+def _numbers_result_type(x, y):
+    """torch.result_type of two numbers, which torch.compile cannot trace (its
+    result is a dtype) but can take as a constant: the numbers are constants
+    there (one known only at run time is a SymInt or SymFloat, not a
+    numbers.Number, and never comes here)."""
+    return torch.result_type(x, y)
+
+
+# Marked once torch.compile's tracer is imported: torch.compiler's decorator
+# imports it, which importing torch_masked must not (it takes seconds).
+when_imported("torch._dynamo", lambda _: torch.compiler.assume_constant_result(_numbers_result_type))
+
+
+def _numbers_as_tensors(condition, x, y):
+    """Two numbers (Python's or NumPy's scalars) as 0-d tensors of the dtype
+    torch.where gives them, torch.result_type(x, y). Made one by one, an int
+    past int64 (2**63) or a complex number under a float16 default dtype
+    would take another."""
+    device = _first_device(condition)
+    dtype = _numbers_result_type(x, y)
+    return (_as_tensor(condition, None, device), torch.full((), x, dtype=dtype, device=device),
+            torch.full((), y, dtype=dtype, device=device))
 
 
 def _first_device(*values):
     return next((t.device for t in values if isinstance(t, torch.Tensor)), None)
 
 
+def _are_numbers(x, y):
+    return isinstance(x, numbers.Number) and isinstance(y, numbers.Number)
+
+
 def _as_tensors(condition, x, y):
     """All three as tensors, on the device of the first one given as a tensor."""
+    if _are_numbers(x, y):
+        return _numbers_as_tensors(condition, x, y)
     device = _first_device(condition, x, y)
     return _as_tensor(condition, None, device), _as_tensor(x, y, device), _as_tensor(y, x, device)
 
@@ -229,6 +259,8 @@ def where(condition: TensorLike, x: TensorLike | None = None, y: TensorLike | No
     # where.ScalarOther), with no tensor made for it on the device.
     tensor = y if number_x else x
     if not (isinstance(condition, torch.Tensor) and isinstance(tensor, torch.Tensor)):
+        if _are_numbers(x, y):  # the other a NumPy scalar
+            return _where_self(*_numbers_as_tensors(condition, x, y))
         device = _first_device(condition, tensor)
         condition, tensor = _as_tensor(condition, None, device), _as_tensor(tensor, None, device)
     if number_x:
