@@ -557,6 +557,16 @@ def test_empty_inputs(device):
         torch_masked.scatter_nd(long([1, 4], 2, 1), torch.zeros(2, 0, device=device), [4, 0])
     with pytest.raises(IndexError, match=r"0 is out of range for dimension 0 of size 0"):
         torch_masked.gather_nd(torch.zeros(0, 3, device=device), long([0], 1, 1))
+    # Empty slices of very many slots: no memory by the slot, the rows still checked.
+    many = 2**40
+    assert torch_masked.scatter_nd(long([5, 7], 2, 1), torch.zeros(2, 0, device=device), [many, 0]).shape == (many, 0)
+    empty = torch.zeros(many, 0, device=device)
+    assert torch_masked.tensor_scatter_nd_add(empty, long([5, 7], 2, 1), torch.zeros(2, 0, device=device)).shape == (many, 0)
+    torch.ops.masked.tensor_scatter_nd_add_(empty, long([5, 7], 2, 1), torch.zeros(2, 0, device=device))
+    with pytest.raises(IndexError, match=rf"got \[{many}\] at indices\[1\] \({many} is out of range for dimension 0"):
+        torch_masked.scatter_nd(long([5, many], 2, 1), torch.zeros(2, 0, device=device), [many, 0])
+    with pytest.raises(IndexError, match=r"tensor_scatter_nd_add: .* got \[-1\] at indices\[0\]"):
+        torch.ops.masked.tensor_scatter_nd_add_(empty, long([-1], 1, 1), torch.zeros(1, 0, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

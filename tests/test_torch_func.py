@@ -528,3 +528,16 @@ def test_vmap_index_error_names_the_samples_index_row():
     # check_bounds=False: the bad row reads as zeros, as in eager.
     out = vmap(lambda i: torch_masked.gather_nd(params, i, check_bounds=False))(indices)
     torch.testing.assert_close(out, torch.stack([params[0, 1], torch.zeros((), dtype=F64), params[0, 0]])[:, None])
+
+
+def test_vmap_int32_indices_into_a_dimension_past_int32():
+    """int32 indices are checked against sizes of 2**31 and more as in eager
+    (zero-width slices: no memory behind the shapes)."""
+    n = 2**31 + 1
+    indices = torch.tensor([[5], [2**31 - 1]], dtype=torch.int32).expand(3, 2, 1)
+    params = torch.zeros(n, 0, dtype=F64)
+    assert vmap(lambda i: torch_masked.gather_nd(params, i))(indices).shape == (3, 2, 0)
+    assert vmap(lambda i: torch_masked.scatter_nd(i, torch.zeros(2, 0, dtype=F64), [n, 0]))(indices).shape == (3, n, 0)
+    assert vmap(lambda i: torch_masked.tensor_scatter_nd_add(params, i, torch.zeros(2, 0, dtype=F64)))(indices).shape == (3, n, 0)
+    with pytest.raises(IndexError, match=r"got \[5\] at indices\[0\] \(5 is out of range for dimension 0 of size 5\)"):
+        vmap(lambda i: torch_masked.gather_nd(torch.zeros(5, 0), i))(indices)

@@ -133,7 +133,8 @@ def _check_bounds(op, indices, dim, shape):
     depth = indices.shape[-1]
     if depth == 0 or indices.numel() == 0:
         return
-    sizes = torch.tensor(shape[:depth], dtype=indices.dtype, device=indices.device)
+    # int64 even for int32 indices: a dimension may have 2**31 or more elements.
+    sizes = torch.tensor(shape[:depth], dtype=torch.int64, device=indices.device)
     bad = ((indices < 0) | (indices >= sizes)).any(-1)
     if not bad.any():
         return

@@ -436,6 +436,19 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
   return first_bad;
 }
 
+// Raises the out-of-bounds error of the first index row outside `shape`, if
+// any: the rows alone, one thread, for calls with nothing else to do.
+void raise_first_bad_row(const char* op, const at::Tensor& indices, const NdIndexGeometry& g, at::IntArrayRef shape) {
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "scatter_nd", [&] {
+    const index_t* index_data = indices.const_data_ptr<index_t>();
+    for (int64_t n = 0; n < g.num_rows; ++n) {
+      if (slot_of<false>(g, index_data + n * g.depth) < 0) {
+        raise_out_of_bounds(op, indices, n, shape);
+      }
+    }
+  });
+}
+
 // Slices: each block starts, sums and writes its own part of the output.
 // Elements: float32 updates into a large output, and half/bfloat16 ones into
 // a large output or few beside it, are summed by ranges
@@ -445,6 +458,14 @@ int64_t scatter_slices(const Block& block, const NdIndexGeometry& g, const index
 // there are fewer element blocks than threads (see split_output).
 at::Tensor scatter_into_cpu(const char* op, const at::Tensor* tensor, at::IntArrayRef shape, const at::Tensor& indices,
                             const at::Tensor& updates, const NdIndexGeometry& g, bool check_bounds, bool in_place) {
+  if (g.num_slots * g.slice_size == 0) {
+    // Nothing to write (shape [10**8, 0], say), where the slices' path would
+    // still list every slot.
+    if (check_bounds) {
+      raise_first_bad_row(op, indices, g, shape);
+    }
+    return in_place ? *tensor : uninitialized(shape, updates.options());
+  }
   const std::vector<Block> blocks = split_output(g);
   std::vector<int64_t> first_bad(blocks.size(), -1);
   const at::Tensor output = in_place ? *tensor : uninitialized(shape, updates.options());
@@ -570,14 +591,7 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
 // The first index row out of bounds, found for its error: one thread, as
 // only a compiled gather that has already seen a bad row asks.
 void raise_first_bad_row_cpu(const at::Tensor& indices, const NdIndexGeometry& g, at::IntArrayRef params_shape) {
-  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
-    const index_t* index_data = indices.const_data_ptr<index_t>();
-    for (int64_t n = 0; n < g.num_rows; ++n) {
-      if (slot_of<false>(g, index_data + n * g.depth) < 0) {
-        raise_out_of_bounds("gather_nd", indices, n, params_shape);
-      }
-    }
-  });
+  raise_first_bad_row("gather_nd", indices, g, params_shape);
 }
 
 at::Tensor scatter_nd_cpu(const at::Tensor& indices, const at::Tensor& updates, c10::SymIntArrayRef shape,
