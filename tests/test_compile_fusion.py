@@ -363,6 +363,28 @@ def test_opaque_switch_keeps_our_kernels():
     exact(fused, result)
 
 
+def test_opaque_switch_keeps_our_kernels_bits():
+    # What the README lists as Inductor's in a fused selection: a condition
+    # byte other than 0/1, and bfloat16 NaN bits. Opaque, both are eager's.
+    condition = torch.tensor([1, 0, 2, 0], dtype=torch.uint8).view(torch.bool)
+    flags = torch.tensor([True, True, True, False])
+    nans = torch.full((32,), float("nan"), dtype=torch.bfloat16)
+    table = torch.full((8, 4), float("nan"), dtype=torch.bfloat16)
+
+    def chain(c, flags, nans, table):
+        return (torch_masked.where(c, 1, flags.long()), torch_masked.where(torch.ones(32, dtype=torch.bool), nans, 0.0),
+                torch_masked.select(torch.ones(32, dtype=torch.bool), nans, torch.zeros_like(nans)),
+                torch_masked.gather_nd(table, torch.tensor([[1], [2]]), check_bounds=False))
+
+    torch._dynamo.reset()
+    with torch_masked.compile.opaque():
+        compiled = torch.compile(chain, fullgraph=True)(condition, flags, nans, table)
+    eager = chain(condition, flags, nans, table)
+    assert eager[0].tolist() == [1, 1, 1, 0] and eager[1].view(torch.int16)[0] == 0x7FC0
+    for actual, expected in zip(compiled, eager):
+        assert actual.dtype == expected.dtype and torch.equal(actual.view(torch.uint8), expected.view(torch.uint8))
+
+
 def test_export_keeps_masked_ops():
     class Chain(torch.nn.Module):
         def forward(self, c, rows, x):

@@ -467,10 +467,11 @@ def test_front_doors_take_python_lists():
     assert torch_masked.scatter_nd(torch.zeros(0, 1, dtype=torch.int64), [], [3]).tolist() == [0.0, 0.0, 0.0]
 
 
-def test_lists_take_the_tensors_dtype_only_where_no_value_changes():
-    # Beside a tensor, a list or array takes its dtype when that changes no
-    # value; otherwise the op refuses the pair, as it refuses such tensors,
-    # where a cast would truncate 1.7 to 1 or wrap -1 to 255.
+def test_lists_take_the_tensors_dtype_unless_their_kind_changes():
+    # Beside a tensor, a list or array takes its dtype as torch.tensor(values,
+    # dtype=...) would, unless float values would become integers (1.7 cut to
+    # 1) or complex ones real: then the op refuses the pair, as it refuses
+    # such tensors.
     ints, floats = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.float64)
     assert_same(torch_masked.tensor_scatter_nd_add(floats, [[1]], [2]), torch.tensor([0.0, 2, 0, 0], dtype=torch.float64))
     assert_same(torch_masked.tensor_scatter_nd_add(floats, [[1]], np.array([2.5], dtype=np.float32)),
@@ -480,17 +481,23 @@ def test_lists_take_the_tensors_dtype_only_where_no_value_changes():
     assert_same(torch_masked.tensor_scatter_nd_add([1, 2], [[1]], torch.tensor([0.5])), torch.tensor([1.0, 2.5]))
     assert_same(torch_masked.tensor_scatter_nd_add(torch.zeros(2, dtype=torch.int32), torch.zeros(0, 1, dtype=torch.int64), []),
                 torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="value cannot be converted to type int8 without overflow"):
+        torch_masked.tensor_scatter_nd_add(torch.zeros(2, dtype=torch.int8), [[1]], [300])
     refused = [
         (ints, [[1]], [1.7], "torch.int64, got torch.float32"),
         (ints, [[1]], np.array([1.7]), "torch.int64, got torch.float64"),
-        (torch.zeros(2, dtype=torch.uint8), [[1]], [-1], "torch.uint8, got torch.int64"),
-        (torch.zeros(2, dtype=torch.int8), [[1]], [300], "torch.int8, got torch.int64"),
+        (torch.zeros(2, dtype=torch.bool), [[1]], [2], "torch.bool, got torch.int64"),
         (torch.zeros(2), [[1]], [1j], "torch.float32, got torch.complex64"),
         ([0.5, 0.5], [[1]], torch.tensor([1]), "torch.float32, got torch.int64"),
     ]
     for tensor, indices, updates, dtypes in refused:
         with pytest.raises(TypeError, match=rf"tensor_scatter_nd_add: expected updates of the dtype of tensor, {dtypes}"):
             torch_masked.tensor_scatter_nd_add(tensor, indices, updates)
+    # Decided from the dtypes alone, so it traces.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch_masked.tensor_scatter_nd_add(t * 2, torch.tensor([[1]]), [[1, 2, 3]]),
+                             fullgraph=True)
+    assert_same(compiled(torch.ones(2, 3)), torch.tensor([[2.0, 2, 2], [3, 4, 5]]))
 
 
 @pytest.mark.parametrize("device", DEVICES)

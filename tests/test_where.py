@@ -377,13 +377,19 @@ def test_where_scalars_only_follow_the_default_dtype():
         torch.set_default_dtype(previous)
 
 
+@pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex")
 def test_where_scalars_only_compile_without_graph_breaks():
+    # Written in the code, and passed in (then known only at run time).
     torch._dynamo.reset()
-    compiled = torch.compile(lambda c: (torch_masked.where(c, 2, 0.5), torch_masked.select(c[0], 1, True)),
-                             fullgraph=True)
+    literal = torch.compile(lambda c: (torch_masked.where(c, 2, 0.5), torch_masked.where(c, 2**63, 0.5),
+                                       torch_masked.select(c[0], 1, True)), fullgraph=True)
+    passed = torch.compile(lambda c, x, y: torch_masked.where(c, x, y), fullgraph=True, dynamic=True)
     condition = random_condition((3,), "cpu")
-    for actual, expected in zip(compiled(condition), (torch.where(condition, 2, 0.5), torch.where(condition[0], 1, True))):
-        assert_same(actual, expected)
+    expected = (torch.where(condition, 2, 0.5), torch.where(condition, 2**63, 0.5), torch.where(condition[0], 1, True))
+    for actual, wanted in zip(literal(condition), expected):
+        assert_same(actual, wanted)
+    for x, y in [(2, 3), (3, 0.5), (True, 4), (1.5, 2.5), (2, 1j)]:
+        assert_same(passed(condition, x, y), torch.where(condition, x, y))
 
 
 def test_where_reference_page_selection():

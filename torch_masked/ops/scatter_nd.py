@@ -126,30 +126,30 @@ def _check_gather_nd_indices_fake(indices, params_shape, out_of_bounds):
 def _as_tensor(value, device, partner_dtype=None):
     """A tensor unchanged (so that a wrong dtype or device is still refused by
     the op); a Python number, (nested) list or array made into one on
-    `device`. Beside a tensor of `partner_dtype` it takes that dtype where no
-    value changes kind or range (ints into a float tensor, say); otherwise
-    it keeps its own, and the op refuses the pair rather than truncate 1.7
-    to 1 or wrap -1 to 255."""
+    `device`. Beside a tensor of `partner_dtype` it takes that dtype unless
+    its values would change kind (1.7 truncated to 1, say): then it keeps its
+    own, and the op refuses the pair as it refuses such tensors."""
     if isinstance(value, torch.Tensor):
         return value
-    value = torch.as_tensor(value)  # checked on the host, then moved
-    if partner_dtype is not None and value.dtype != partner_dtype and _converts_exactly(value, partner_dtype):
-        value = value.to(partner_dtype)
-    return value.to(device)
+    own = torch.as_tensor(value, device=device)
+    if partner_dtype is None or own.dtype == partner_dtype:
+        return own
+    if own.numel() == 0 or _keeps_kind(own.dtype, partner_dtype):
+        # Made again from the values, so that torch refuses one that
+        # overflows partner_dtype, as torch.tensor does.
+        return torch.as_tensor(value, dtype=partner_dtype, device=device)
+    return own
 
 
-def _converts_exactly(values, dtype):
-    """Whether `values` go to `dtype` with no change of kind (float to int,
-    complex to real) and, into an integer dtype, no wrap. No values (an
-    empty list is float32) change in any dtype."""
-    if values.numel() == 0:
-        return True
-    if not torch.can_cast(values.dtype, dtype):
-        return False
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-        return True
-    limits = torch.iinfo(dtype)
-    return limits.min <= values.min().item() and values.max().item() <= limits.max
+def _keeps_kind(dtype, partner_dtype):
+    """Whether values of `dtype` stay what they are in `partner_dtype`: no
+    complex to real, floating to integer or integer to bool (the kind rule
+    of torch.can_cast, which torch.compile cannot trace)."""
+    if dtype.is_complex:
+        return partner_dtype.is_complex
+    if dtype.is_floating_point:
+        return partner_dtype.is_floating_point or partner_dtype.is_complex
+    return dtype == torch.bool or partner_dtype != torch.bool
 
 
 def _as_index_tensor(indices, device):

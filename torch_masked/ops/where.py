@@ -15,7 +15,6 @@ import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.overrides import handle_torch_function
 
-from .._after_import import when_imported
 from ._checks import check, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
 from ._types import TensorLike
@@ -115,6 +114,7 @@ _BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
 # Python's numbers, and those torch.compile and torch.export trace as known
 # only at run time (x.shape[0], say).
 _PYTHON_NUMBERS = (bool, int, float, complex, torch.SymBool, torch.SymInt, torch.SymFloat)
+_ANY_NUMBER = (numbers.Number, *_PYTHON_NUMBERS)
 # torch pairs bfloat16 with bcomplex32 where it has that dtype.
 _BFLOAT16_COMPLEX = getattr(torch, "bcomplex32", torch.complex64)
 
@@ -169,7 +169,7 @@ def _as_tensor(value, partner, device):
     """
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, (numbers.Number, *_PYTHON_NUMBERS)) and isinstance(partner, torch.Tensor):
+    if isinstance(value, _ANY_NUMBER) and isinstance(partner, torch.Tensor):
         if isinstance(value, _PYTHON_NUMBERS):
             dtype = _dtype_with_number(partner.dtype, value)
         else:  # NumPy's scalars, which torch promotes in its own ways
@@ -180,28 +180,28 @@ def _as_tensor(value, partner, device):
     return torch.as_tensor(value, device=device)
 
 
-def _numbers_result_type(x, y):
-    """torch.result_type of two numbers, which torch.compile cannot trace (its
-    result is a dtype) but can take as a constant: the numbers are constants
-    there (one known only at run time is a SymInt or SymFloat, not a
-    numbers.Number, and never comes here)."""
-    return torch.result_type(x, y)
-
-
-# Marked once torch.compile's tracer is imported: torch.compiler's decorator
-# imports it, which importing torch_masked must not (it takes seconds).
-when_imported("torch._dynamo", lambda _: torch.compiler.assume_constant_result(_numbers_result_type))
+def _number_dtype(number):
+    """The dtype torch gives a number of its own, so that two of them, made
+    0-d tensors, promote to torch.result_type(x, y) of the pair (errors
+    included). NumPy's scalars count as numbers of their kind, as in
+    torch.where."""
+    if isinstance(number, (bool, torch.SymBool)):
+        return torch.bool
+    if isinstance(number, (numbers.Integral, torch.SymInt)):
+        # Only a constant goes past int64 (a SymInt is an int64).
+        return torch.uint64 if type(number) is int and number >= 2**63 else torch.int64
+    if isinstance(number, (numbers.Real, torch.SymFloat)):
+        return torch.get_default_dtype()
+    return torch.promote_types(torch.get_default_dtype(), torch.complex32)
 
 
 def _numbers_as_tensors(condition, x, y):
-    """Two numbers (Python's or NumPy's scalars) as 0-d tensors of the dtype
-    torch.where gives them, torch.result_type(x, y). Made one by one, an int
-    past int64 (2**63) or a complex number under a float16 default dtype
-    would take another."""
+    """Two numbers as 0-d tensors of their own dtypes: torch.full alone
+    would make an int past int64 (2**63) int64, and a complex number under
+    a float16 default dtype complex64."""
     device = _first_device(condition)
-    dtype = _numbers_result_type(x, y)
-    return (_as_tensor(condition, None, device), torch.full((), x, dtype=dtype, device=device),
-            torch.full((), y, dtype=dtype, device=device))
+    return (_as_tensor(condition, None, device), torch.full((), x, dtype=_number_dtype(x), device=device),
+            torch.full((), y, dtype=_number_dtype(y), device=device))
 
 
 def _first_device(*values):
@@ -209,7 +209,8 @@ def _first_device(*values):
 
 
 def _are_numbers(x, y):
-    return isinstance(x, numbers.Number) and isinstance(y, numbers.Number)
+    """Both numbers: Python's, NumPy's scalars, or known only at run time."""
+    return isinstance(x, _ANY_NUMBER) and isinstance(y, _ANY_NUMBER)
 
 
 def _as_tensors(condition, x, y):
