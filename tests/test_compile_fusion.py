@@ -514,14 +514,20 @@ def test_tensor_scatter_nd_add_copies_a_tensor_read_elsewhere():
         doubled = tensor * 2
         return torch_masked.tensor_scatter_nd_add(doubled, indices, doubled[4:7]) + 1
 
+    # Laid out otherwise: eager's result is contiguous, and so is this one.
+    def every_other(tensor, indices, updates):
+        return torch_masked.tensor_scatter_nd_add((tensor * 2)[::2], indices, updates)
+
     tensor, indices, updates = torch.randn(10, generator=gen(22)), torch.tensor([[2], [0], [2]]), torch.randn(3)
     before = tensor.clone()
-    for chain in (read_after, graph_input, updates_are_the_tensor, updates_view_the_tensor):
-        result, code = run_and_get_code(torch.compile(chain, fullgraph=True), tensor, indices, updates)
-        code = "\n".join(code)
-        assert FUNCTIONAL_ADD in code and IN_PLACE_ADD not in code
-        exact(result, chain(tensor, indices, updates))
-        exact(tensor, before)
+    for chain in (read_after, graph_input, updates_are_the_tensor, updates_view_the_tensor, every_other):
+        for dynamic in (False, True):
+            result, code = run_and_get_code(torch.compile(chain, fullgraph=True, dynamic=dynamic), tensor, indices, updates)
+            code = "\n".join(code)
+            assert FUNCTIONAL_ADD in code and IN_PLACE_ADD not in code
+            exact(result, chain(tensor, indices, updates))
+            assert result.stride() == chain(tensor, indices, updates).stride()
+            exact(tensor, before)
     # The opaque switch keeps the calls of eager too.
     with torch_masked.compile.opaque():
         result, code = run_and_get_code(torch.compile(add_into_doubled, fullgraph=True), tensor, indices, updates)

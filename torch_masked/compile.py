@@ -313,6 +313,11 @@ def _adds_in_place(node):
     if get_node_storage(tensor_node) in (get_node_storage(indices_node), get_node_storage(updates_node)):
         return False
     tensor = tensor_node.meta["val"]
+    # Laid out otherwise (a slice with a step), the in-place op would sum into
+    # a new output and copy it in anyway, and the result would keep that
+    # layout, where eager's is contiguous.
+    if not statically_known_true(tensor.is_contiguous()):
+        return False
     if tensor.device.type != "cpu":
         return True
     return statically_known_true(tensor.numel() * tensor.element_size() <= IN_PLACE_CPU_BYTES)
