@@ -260,7 +260,7 @@ def where(condition: TensorLike, x: TensorLike | None = None, y: TensorLike | No
     # where.ScalarOther), with no tensor made for it on the device.
     tensor = y if number_x else x
     if not (isinstance(condition, torch.Tensor) and isinstance(tensor, torch.Tensor)):
-        if _are_numbers(x, y):  # the other a NumPy scalar
+        if _are_numbers(x, y):  # the other a NumPy scalar, or known only at run time
             return _where_self(*_numbers_as_tensors(condition, x, y))
         device = _first_device(condition, tensor)
         condition, tensor = _as_tensor(condition, None, device), _as_tensor(tensor, None, device)
