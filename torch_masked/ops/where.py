@@ -120,11 +120,13 @@ _BFLOAT16_COMPLEX = getattr(torch, "bcomplex32", torch.complex64)
 
 
 def _number_kind(number):
+    """A Python number's kind, or a NumPy scalar's (the ABCs, tested last,
+    are the slower checks)."""
     if isinstance(number, (bool, torch.SymBool)):
         return _BOOL
-    if isinstance(number, (int, torch.SymInt)):
+    if isinstance(number, (int, torch.SymInt, numbers.Integral)):
         return _INTEGER
-    return _FLOATING if isinstance(number, (float, torch.SymFloat)) else _COMPLEX
+    return _FLOATING if isinstance(number, (float, torch.SymFloat, numbers.Real)) else _COMPLEX
 
 
 def _dtype_kind(dtype):
@@ -181,18 +183,14 @@ def _as_tensor(value, partner, device):
 
 
 def _number_dtype(number):
-    """The dtype torch gives a number of its own, so that two of them, made
-    0-d tensors, promote to torch.result_type(x, y) of the pair (errors
-    included). NumPy's scalars count as numbers of their kind, as in
-    torch.where."""
-    if isinstance(number, (bool, torch.SymBool)):
-        return torch.bool
-    if isinstance(number, (numbers.Integral, torch.SymInt)):
-        # Only a constant goes past int64 (a SymInt is an int64).
-        return torch.uint64 if type(number) is int and number >= 2**63 else torch.int64
-    if isinstance(number, (numbers.Real, torch.SymFloat)):
-        return torch.get_default_dtype()
-    return torch.promote_types(torch.get_default_dtype(), torch.complex32)
+    """The dtype torch gives a number of its own (what a bool tensor beside
+    it would become, or uint64 past int64, which only a constant can be), so
+    that two of them, made 0-d tensors, promote to torch.result_type(x, y)
+    of the pair (errors included). NumPy's scalars count as numbers of their
+    kind, as in torch.where."""
+    if type(number) is int and number >= 2**63:
+        return torch.uint64
+    return _dtype_with_number(torch.bool, number)
 
 
 def _numbers_as_tensors(condition, x, y):
