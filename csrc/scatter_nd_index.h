@@ -219,7 +219,7 @@ void tensor_scatter_nd_add_in_place_op(const at::Tensor& tensor, const at::Tenso
 
 // gather_into(output, params, indices, geometry, check_bounds) fills
 // `output` (contiguous, of shape indices.shape[:-1] + params.shape[K:]) from
-// contiguous `params` and `indices`, raising via raise_out_of_bounds when
+// `params` (any strides) and contiguous `indices`, raising via raise_out_of_bounds when
 // check_bounds is set, else writing zeros for rows out of bounds.
 template <typename GatherInto>
 at::Tensor gather_op(const at::Tensor& params, const at::Tensor& indices, bool check_bounds,
@@ -229,7 +229,7 @@ at::Tensor gather_op(const at::Tensor& params, const at::Tensor& indices, bool c
   check_element_aligned("gather_nd", "params", params);
   check_element_aligned("gather_nd", "indices", indices);
   at::Tensor output = uninitialized(rows_shape(indices, params.sizes()), params.options());
-  gather_into(output, params.contiguous(), indices.contiguous(), g, check_bounds);
+  gather_into(output, params, indices.contiguous(), g, check_bounds);
   return output;
 }
 

@@ -600,6 +600,46 @@ def test_non_contiguous_inputs(device):
         assert_same(torch_masked.gather_nd(tensor, indices), reference_gather(tensor, indices))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_gather_from_views(device, depth):
+    """Params that are views (sliced, transposed, broadcast with stride 0,
+    with a storage offset), whose slices are dense or not, at every index
+    depth: the CPU reads them in place. Rows out of bounds with
+    check_bounds=False still read as zeros."""
+    gen = torch.Generator().manual_seed(9)
+    base = torch.randn(6, 7, 8, generator=gen).to(device)
+    views = {
+        "sliced": base[1::2, :, 2:5],
+        "transposed": base.transpose(0, 2),
+        "permuted": base.permute(1, 2, 0),
+        "broadcast": torch.randn(1, 7, 1, generator=gen).to(device).expand(6, 7, 8),
+        "offset": base[2:, 3:],
+    }
+    for params in views.values():
+        indices = random_indices((9,), params.shape, depth, gen, duplicates=False).to(device)
+        assert_same(torch_masked.gather_nd(params, indices), reference_gather(params, indices))
+        if depth > 0:
+            bad = indices.clone()
+            bad[[1, 4], 0] = torch.tensor([params.shape[0], -1], device=device)
+            expected = reference_gather(params, indices)
+            expected[[1, 4]] = 0
+            assert_same(torch_masked.gather_nd(params, bad, check_bounds=False), expected)
+
+
+def test_cpu_gathers_from_broadcast_params_without_copying_them():
+    """A broadcast of 2**40 rows (a contiguous copy would be 12 TiB); and a
+    slice longer than the CPU's offset table, not dense, gathered through a
+    contiguous copy."""
+    row = torch.tensor([1.0, 2.0, 3.0])
+    huge = row.expand(2**40, 3)
+    out = torch_masked.gather_nd(huge, torch.tensor([[0], [2**40 - 1], [12345]]))
+    assert torch.equal(out, row.expand(3, 3))
+    long_columns = torch.randn(2**20 + 5, 2).t()  # slices of 2**20 + 5 elements, stride 2
+    indices = torch.tensor([[1], [0], [1]])
+    assert torch.equal(torch_masked.gather_nd(long_columns, indices), long_columns[indices[:, 0]])
+
+
 def algorithms(deterministic):
     return deterministic_algorithms() if deterministic else contextlib.nullcontext()
 

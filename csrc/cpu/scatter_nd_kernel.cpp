@@ -15,7 +15,7 @@
 // sums, in the same order.
 //
 // Gather: rows are split among threads; each row is one slice copy, its
-// source prefetched a few rows ahead.
+// source prefetched a few rows ahead, read from params in its own strides.
 #include "common.h"
 #include "cpu/huge_pages.h"
 #include "scatter_nd_index.h"
@@ -24,6 +24,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <c10/util/bit_cast.h>
+#include <c10/util/irange.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -543,10 +544,61 @@ inline void note_bad_row(std::atomic<int64_t>& first_bad, int64_t row) {
   }
 }
 
+// Whether params' strides lay each gathered slice params[i0, ..., iK-1] out
+// densely (its elements at 0, 1, ..., S-1 from its first), to be copied whole.
+bool slice_is_dense(const at::Tensor& params, int64_t depth) {
+  const at::IntArrayRef sizes = params.sizes().slice(depth);
+  const at::IntArrayRef strides = params.strides().slice(depth);
+  int64_t dense_stride = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    if (sizes[d] != 1) {
+      if (strides[d] != dense_stride) {
+        return false;
+      }
+      dense_stride *= sizes[d];
+    }
+  }
+  return true;
+}
+
+// The offsets from a gathered slice's first element of its elements, in
+// row-major order (for a slice that is not dense: transposed or broadcast).
+std::vector<int64_t> slice_offsets(const at::Tensor& params, int64_t depth) {
+  std::vector<int64_t> offsets{0};
+  for (const auto d : c10::irange(depth, params.dim())) {
+    std::vector<int64_t> longer;
+    longer.reserve(offsets.size() * params.size(d));
+    for (const int64_t offset : offsets) {
+      for (const auto i : c10::irange(params.size(d))) {
+        longer.push_back(offset + i * params.stride(d));
+      }
+    }
+    offsets = std::move(longer);
+  }
+  return offsets;
+}
+
+// Slices longer than this that are not dense are gathered from a contiguous
+// copy of params rather than through a table of their offsets.
+constexpr int64_t kMaxSliceOffsets = int64_t{1} << 20;
+
+// Reads params in its own layout, so that a view or a broadcast (stride 0)
+// is not copied first: a row's slice starts at the dot of its index with
+// params' leading strides.
 void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
                      const NdIndexGeometry& g, bool check_bounds) {
-  advise_huge_pages(output);
   const int64_t slice = g.slice_size;
+  const bool dense_slice = slice_is_dense(params, g.depth);
+  if (!dense_slice && slice > kMaxSliceOffsets) {
+    gather_into_cpu(output, params.contiguous(), indices, g, check_bounds);
+    return;
+  }
+  const std::vector<int64_t> offsets = dense_slice ? std::vector<int64_t>{} : slice_offsets(params, g.depth);
+  NdIndexGeometry in_params = g;
+  for (const auto j : c10::irange(g.depth)) {
+    in_params.slot_strides[j] = params.stride(j);
+  }
+  advise_huge_pages(output);
   std::atomic<int64_t> first_bad{g.num_rows};
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {
     dispatch_by_element_size("gather_nd", params.element_size(), [&](auto tag) {
@@ -557,20 +609,31 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
       const int64_t grain = std::max<int64_t>(1, kSerialWork / std::max<int64_t>(slice, 1));
       const auto gather_rows = [&](auto depth_one, int64_t begin, int64_t end) {
         constexpr bool kDepthOne = decltype(depth_one)::value;
+        // The offset in params of row n's first element, or -1 when the row
+        // is out of bounds (slot_of at depth one gives the index itself).
+        const auto first_element = [&](int64_t n) {
+          const int64_t slot = slot_of<kDepthOne>(in_params, index_data + n * g.depth);
+          return kDepthOne && slot > 0 ? slot * in_params.slot_strides[0] : slot;
+        };
         for (int64_t n = begin; n < end; ++n) {
           // The sources are cache misses the indices announce early: prefetch
           // a few rows ahead.
-          const int64_t ahead = slot_of<kDepthOne>(g, index_data + std::min(n + kPrefetchRows, end - 1) * g.depth);
-          prefetch_row(src + std::max<int64_t>(ahead, 0) * slice, slice * static_cast<int64_t>(sizeof(T)));
-          const int64_t slot = slot_of<kDepthOne>(g, index_data + n * g.depth);
+          const int64_t ahead = first_element(std::min(n + kPrefetchRows, end - 1));
+          prefetch_row(src + std::max<int64_t>(ahead, 0),
+                       (dense_slice ? slice : 1) * static_cast<int64_t>(sizeof(T)));
+          const int64_t first = first_element(n);
           T* row = dst + n * slice;
-          if (slot < 0) {
+          if (first < 0) {
             note_bad_row(first_bad, n);
             std::fill(row, row + slice, T{});
           } else if (slice == 1) {
-            *row = src[slot];
+            *row = src[first];
+          } else if (!dense_slice) {
+            for (const auto j : c10::irange(slice)) {
+              row[j] = src[first + offsets[j]];
+            }
           } else if (slice > 0) {
-            std::memcpy(row, src + slot * slice, slice * sizeof(T));
+            std::memcpy(row, src + first, slice * sizeof(T));
           }
         }
       };

@@ -696,11 +696,13 @@ __global__ void gather_kernel(NdIndexGeometry g, const index_t* indices, const T
   }
 }
 
-void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
+void gather_into_cuda(at::Tensor& output, const at::Tensor& strided_params, const at::Tensor& indices,
                       const NdIndexGeometry& g, bool check_bounds) {
   if (g.num_rows == 0) {
     return;
   }
+  // The kernel finds slot s's slice at element s * S.
+  const at::Tensor params = strided_params.contiguous();
   const c10::cuda::CUDAGuard guard(output.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const FirstBadRow first_bad(check_bounds, g, output.device(), stream);
