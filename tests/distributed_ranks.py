@@ -223,9 +223,13 @@ def _dtensor_cases():
         tm.where(p(c, Replicate()), p(x, Partial()), 1.0), torch.where(c, x, 1.0), None)
     cases["where_mixed_partial_shard"] = lambda p: (
         tm.where(p(c, Shard(0)), p(x, Partial()), p(y, Shard(0))), torch.where(c, x, y), None)
-    # DTensor would make a replicated integer tensor a Partial sum by dividing
-    # it by the number of ranks, in float: the sum is reduced first instead.
+    # DTensor would make a replicated tensor a Partial sum by dividing it by
+    # the number of ranks (an integer one in float; a float one rounded, its
+    # subnormals flushed): the sum is reduced first instead.
     whole_x, whole_y = torch.randint(-50, 50, (4, 6)), torch.randint(-50, 50, (4, 6))
+    tiny_y = torch.full((4, 6), 4.9e-324, dtype=torch.float64)  # the smallest subnormal
+    cases["where_partial_replicated_subnormals"] = lambda p: (
+        tm.where(p(c, Replicate()), p(x, Partial()), p(tiny_y, Replicate())), torch.where(c, x, tiny_y), None)
     cases["where_partial_integers"] = lambda p: (
         tm.where(p(c, Replicate()), p(whole_x, Partial()), p(whole_y, Replicate())), torch.where(c, whole_x, whole_y),
         None)
@@ -296,8 +300,12 @@ def _dtensor_cases():
         tm.tensor_scatter_nd_add(p(base, Shard(1)), p(indices, Replicate()), p(updates, Shard(1))),
         scatter_reference(base, indices, updates), Shard(1))
     cases["tensor_scatter_nd_add_rows"] = lambda p: (
-        tm.tensor_scatter_nd_add(p(base, Replicate()), p(indices, Shard(0)), p(updates, Shard(0))),
+        tm.tensor_scatter_nd_add(p(base, Partial()), p(indices, Shard(0)), p(updates, Shard(0))),
         scatter_reference(base, indices, updates), Partial())
+    tiny_base = torch.full((5, 6), 4.9e-324, dtype=torch.float64)
+    cases["tensor_scatter_nd_add_rows_replicated_base"] = lambda p: (
+        tm.tensor_scatter_nd_add(p(tiny_base, Replicate()), p(indices, Shard(0)), p(updates, Shard(0))),
+        scatter_reference(tiny_base, indices, updates), None)
     whole_base, whole_updates = torch.randint(-50, 50, (5, 6)), torch.randint(-50, 50, (3, 6))
     cases["tensor_scatter_nd_add_rows_integers"] = lambda p: (
         tm.tensor_scatter_nd_add(p(whole_base, Replicate()), p(indices, Shard(0)), p(whole_updates, Shard(0))),
@@ -357,7 +365,9 @@ def dtensor_values(rank, world_size):
                     if placement is not None and tuple(got.placements) != place.placements(placement):
                         raise AssertionError(f"placements {got.placements}, expected {place.placements(placement)}")
                     full = _full(got)
-                    torch.testing.assert_close(full, want, rtol=1e-12, atol=1e-12)
+                    assert got.shape == want.shape, f"shape {got.shape}, expected {want.shape}"
+                    # No absolute tolerance: a subnormal lost is an error.
+                    torch.testing.assert_close(full, want, rtol=1e-12, atol=0)
                 report[key] = None
             except Exception as error:  # noqa: BLE001 -- reported by name
                 report[key] = f"{type(error).__name__}: {error}"

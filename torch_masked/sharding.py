@@ -54,13 +54,11 @@ def _linear_partials(*specs):
 def _becomes(spec, partial):
     """Whether DTensor can turn the input ``spec`` into ``partial`` with its
     values and dtype intact: it already is, or is made so by copying (avg,
-    max, min), or, for a sum, by dividing it by the number of ranks, which
-    suits floating-point and complex tensors only (an integer one would come
-    out float)."""
-    if partial in spec.placements or partial.reduce_op != "sum":
-        return True
-    meta = spec.tensor_meta
-    return meta is not None and (meta.dtype.is_floating_point or meta.dtype.is_complex)
+    max, min). A sum is taken only from inputs that are one already: DTensor
+    would make a replicated tensor one by dividing it by the number of
+    ranks, which rounds floats (on 3 ranks), flushes subnormals, and turns
+    integers into floats."""
+    return partial in spec.placements or partial.reduce_op != "sum"
 
 
 def _is_tensor(arg):
