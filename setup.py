@@ -91,7 +91,8 @@ def torch_requirement():
     one minor version to the next: the wheel asks for the same minor, so that
     pip refuses (or replaces) another torch rather than the import failing."""
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
-    return f"torch>={major}.{minor},<{major}.{minor + 1}"
+    # .0a0: a pre-release or source build of that minor (2.14.0a0+git...) is in it.
+    return f"torch>={major}.{minor}.0a0,<{major}.{minor + 1}.0a0"
 
 
 def extensions():
