@@ -38,19 +38,29 @@ def _generated(fn, args):
 
 
 def _case(op, name, n, ours, native, native_name, args):
+    title = f"{op}: {name} {n:.0e}"
     ours, native = _compiled(ours), _compiled(native)
-    # Compiled here, before the timing; the native boolean mask and nonzero
-    # make sizes known only at run time, which Dynamo captures when asked.
-    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        # Where both sides run the same code, their ratio is the harness's
-        # spread (benchmarks/METHODS.md), and the row says so.
-        same_code = _generated(ours, args) == _generated(native, args)
-        # run_and_get_code starts Dynamo afresh: ours is compiled again, from
-        # Inductor's cache.
-        ours(*args), native(*args)
+    try:
+        # Compiled here, before the timing; the native boolean mask and
+        # nonzero make sizes known only at run time, which Dynamo captures
+        # when asked.
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+            # Where both sides run the same code, their ratio is the harness's
+            # spread (benchmarks/METHODS.md), and the row says so.
+            same_code = _generated(ours, args) == _generated(native, args)
+            # run_and_get_code starts Dynamo afresh: ours is compiled again,
+            # from Inductor's cache.
+            ours(*args), native(*args)
+    except Exception as error:  # noqa: BLE001 - one chain failing leaves the others
+        # Raised again by the row's first call, so that the report lists the
+        # failure under this row and goes on with the next chain.
+        def failed(error=error):
+            raise error
+
+        return Case("compiled", title, failed, failed, native_name, size=n, series=op)
     return Case(
         "compiled",
-        f"{op}: {name} {n:.0e}" + (" (same code)" if same_code else ""),
+        title + (" (same code)" if same_code else ""),
         lambda: ours(*args),
         lambda: native(*args),
         native_name,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build the extension with CUDA (sm_90, every
-# core), run the test suite (CPU and CUDA cases; those marked large on
-# request), run the CUDA benchmarks, and print the speed goals' short table
-# last (benchmarks/goals.py). Logs go to $OUT (or /tmp/gpu_check).
+# core), run the CUDA tests (those marked large on request), run the CUDA
+# benchmarks, and print the speed goals' short table last
+# (benchmarks/goals.py). Logs go to $OUT (or /tmp/gpu_check).
 #
 #   bash benchmarks/gpu_check.sh            # build, tests, benchmarks
 #   OPS=nonzero,where bash benchmarks/gpu_check.sh
@@ -11,8 +11,10 @@
 #   STEPS="large profile" bash benchmarks/gpu_check.sh
 #
 # STEPS (default "tests bench") says what follows the build:
-#   tests     the whole suite but the tests marked large, 8 at a time, for
-#             at most TEST_LIMIT seconds (240);
+#   tests     the tests marked cuda but not large, 8 at a time, each test
+#             file on one worker (its module's fixtures made once), for at
+#             most TEST_LIMIT seconds (240), then SIGINT so that pytest
+#             still prints its summary (the CPU cases run in CI);
 #   large     the CUDA tests marked large (tensors past 2**31 and 2**32
 #             elements, up to about 20 GB each), one at a time, for at most
 #             LARGE_LIMIT seconds (90; their CPU cases run in CI);
@@ -24,17 +26,19 @@
 #   profile   where the time goes, kernel by kernel, in the 1e8 `where`,
 #             `select` and `boolean_mask` cases and the 1e6/1e7 float32
 #             element scatters (benchmarks/profile_kernels.py; PROFILE_MATCH,
-#             substrings of the cases separated by ';', picks others), for at
-#             most PROFILE_LIMIT seconds (150);
+#             substrings of the cases separated by ';', picks others, from
+#             the modules PROFILE_OPS names, where,boolean_mask,scatter_nd:
+#             each module makes all its cases' inputs), for at most
+#             PROFILE_LIMIT seconds (150);
 #   bench     the report (benchmarks/report.py: the copy bandwidth, then the
-#             CUDA benchmarks, the compiled chains first unless OPS says
-#             otherwise) for what is left of TOTAL_LIMIT (540), so that
-#             a hang still leaves the rows measured before it (rows.json is
-#             rewritten after each, and the report written when cut short),
-#             then the goals table; RESULTS.md and plots/cuda/ are copied to
-#             $OUT.
+#             CUDA benchmarks in run.py's order, the compiled chains last,
+#             unless OPS says otherwise) for what is left of TOTAL_LIMIT
+#             (540), so that a hang still leaves the rows measured before
+#             it (rows.json is rewritten after each, and the report written
+#             when cut short), then the goals table; RESULTS.md and
+#             plots/cuda/ are copied to $OUT.
 # A wheel folder .whl/ (e.g. expecttest, absent on some GPU images) is
-# installed first if present.
+# installed first if present, its console scripts put on PATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"
@@ -44,7 +48,8 @@ export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 SECONDS=0
 
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -58,8 +63,9 @@ echo "built in ${SECONDS}s"
 STEPS="${STEPS:-tests bench}"
 
 if [[ " $STEPS " == *" tests "* ]]; then
-  timeout -k 10 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider -m "not large" \
-    > "$OUT/tests.log" 2>&1
+  # Inductor's compile threads: two for each of the 8 workers, not one per core each.
+  TORCHINDUCTOR_COMPILE_THREADS=2 timeout -s INT -k 20 "${TEST_LIMIT:-240}" python3 -m pytest tests -q -n 8 \
+    --dist loadfile -p no:cacheprovider -m "cuda and not large" > "$OUT/tests.log" 2>&1
   tests_rc=$?
   grep -E "FAILED|ERROR|Error|passed|failed" "$OUT/tests.log" | tail -25
   echo "tests rc=${tests_rc} after ${SECONDS}s"
@@ -89,7 +95,8 @@ if [[ " $STEPS " == *" profile "* ]]; then
   IFS=';' read -ra matches <<< "${PROFILE_MATCH:-$default_match}"
   match_args=()
   for m in "${matches[@]}"; do match_args+=(--match "$m"); done
-  timeout -k 10 "${PROFILE_LIMIT:-150}" python3 benchmarks/profile_kernels.py ${OPS:+--ops "$OPS"} "${match_args[@]}" \
+  timeout -k 10 "${PROFILE_LIMIT:-150}" python3 benchmarks/profile_kernels.py \
+    --ops "${PROFILE_OPS:-where,boolean_mask,scatter_nd}" "${match_args[@]}" \
     2>&1 | tee "$OUT/profile.txt"
   echo "profile done after ${SECONDS}s"
 fi
@@ -98,10 +105,11 @@ if [[ " $STEPS " != *" bench "* ]]; then
   exit 0
 fi
 
+# The compiled chains last: their compiles could take all the time left,
+# and a run cut short keeps the rows measured before.
+bench_ops=${OPS:-$(cd benchmarks && python3 -c "from run import OPS; print(','.join(sorted(OPS, key=lambda op: op == 'compiled')))")}
+# After the import above (torch's), which takes seconds too.
 bench_limit=$(( ${TOTAL_LIMIT:-540} - SECONDS ))
-# The compiled chains first (no GPU has timed them yet), then the other ops
-# in run.py's order, so that a run cut short has them.
-bench_ops=${OPS:-$(cd benchmarks && python3 -c "from run import OPS; print(','.join(sorted(OPS, key=lambda op: op != 'compiled')))")}
 timeout -k 20 "$(( bench_limit > 30 ? bench_limit : 30 ))" \
   python3 benchmarks/report.py --device cuda --ops "$bench_ops" --json "$OUT/rows.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
 bench_rc=$?

@@ -2,13 +2,16 @@
 
     python benchmarks/profile_kernels.py --ops scatter_nd --match "U=1e+07 N=1e+07 float32 deterministic"
 
-The cases are the benchmarks' own (``bench_<op>.cases``), picked by a
-substring of ``op case`` (``--match``, repeatable). Each side, ours and the
-native one, is warmed up, then called ``--calls`` times under torch.profiler;
-for each it prints every kernel (and memset or copy) with its launches and
-mean device time per call, then the sum of those against the wall time per
-call. A gap between the two is time the device spent idle: launch overhead,
-host work or a host sync between kernels.
+The cases are the benchmarks' own (``bench_<op>.cases``) of the modules
+``--ops`` names, picked by a substring of ``op case`` (``--match``,
+repeatable). A module makes every case's inputs before the match is known
+(``compiled`` compiles every chain), so ``--ops`` names the few needed.
+Each side, ours and the native one, is warmed up, then called ``--calls``
+times under torch.profiler; for each it prints every kernel (and memset or
+copy) with its launches and mean device time per call, then the sum of
+those against the wall time per call. A gap between the two is time the
+device spent idle: launch overhead, host work or a host sync between
+kernels.
 """
 import argparse
 import collections
@@ -75,20 +78,26 @@ def print_side(label, fn, calls):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated, from: " + ", ".join(OPS))
+    parser.add_argument("--ops", required=True, help="the modules to make cases from, comma-separated, from: "
+                        + ", ".join(OPS))
     parser.add_argument("--match", action="append", required=True, help="substring of 'op case' (repeatable)")
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_kernels.py: no CUDA device")
     print(f"kernel profile on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    unmatched = set(args.match)
     for op in args.ops.split(","):
         for case in importlib.import_module(f"bench_{op}").cases("cuda", False):
             title = f"{case.op} {case.name}"
-            if any(m in title for m in args.match):
+            found = {m for m in args.match if m in title}
+            if found:
+                unmatched -= found
                 print(f"\n{title} (native: {case.native_name})")
                 print_side("ours", case.ours, args.calls)
                 print_side("native", case.native, args.calls)
+    for m in sorted(unmatched):
+        print(f"\nno case of {args.ops} matched {m!r}")
 
 
 if __name__ == "__main__":
