@@ -105,7 +105,9 @@ def test_where_and_select_modes():
         return (c, torch.rand(n, generator=g) > 0.5, torch.tensor(n % 2 == 1), torch.randn(n, 3, generator=g),
                 torch.randn(n, 3, dtype=torch.float64, generator=g), torch.randint(-50, 50, (n, 3), dtype=torch.int32))
 
-    check_roundtrip(Selects(), inputs(4), ({0: N},) * 2 + (None,) + ({0: N},) * 3, [inputs(6), inputs(3), inputs(2)],
+    # Bounded so that int32 holds x.shape[0] (else refused: test_runtime_integer_too_wide_refused).
+    n = torch.export.Dim("n", min=0, max=2**31 - 1)
+    check_roundtrip(Selects(), inputs(4), ({0: n},) * 2 + (None,) + ({0: n},) * 3, [inputs(6), inputs(3), inputs(2)],
                     {"masked.where.self", "masked.where.ScalarSelf", "masked.where.ScalarOther", "masked.select.default"})
 
 
@@ -242,3 +244,87 @@ def test_out_of_range_indices_follow_onnx():
     assert run_onnx(program, (torch.tensor([[-1]]), torch.ones(1)))[0].tolist() == [0, 0, 0, 0, 0, 1]
     with pytest.raises(Exception, match="invalid|out of"):
         run_onnx(program, (torch.tensor([[6]]), torch.ones(1)))
+
+
+class Unchecked(torch.nn.Module):
+    def forward(self, idx, idx32, values, slices, base, flags, table, one):
+        unchecked = {"check_bounds": False}
+        return (tm.gather_nd(base, idx, **unchecked), tm.gather_nd(base, idx32, **unchecked),
+                tm.gather_nd(base > 0, idx, **unchecked), tm.gather_nd(base.to(torch.int16), idx, **unchecked),
+                tm.gather_nd(base.bfloat16(), idx32, **unchecked).float(), tm.gather_nd(base, one, **unchecked),
+                tm.scatter_nd(idx, values, [4, 3], **unchecked), tm.scatter_nd(idx32, slices, [4, 3], **unchecked),
+                tm.scatter_nd(idx, flags, [4, 3], **unchecked), tm.scatter_nd(one, base[0, 0], [4, 3], **unchecked),
+                tm.tensor_scatter_nd_add(base, idx, values, **unchecked),
+                tm.tensor_scatter_nd_add(base.half(), idx32, slices.half(), **unchecked),
+                tm.tensor_scatter_nd_add(base > 0, idx, flags, **unchecked),
+                # A table whose rows may number 0 at run time: every index row out of bounds.
+                tm.gather_nd(table, idx32, **unchecked), tm.gather_nd(table, idx, **unchecked),
+                tm.tensor_scatter_nd_add(table, idx32, slices, **unchecked))
+
+
+def test_unchecked_bounds_as_eager():
+    """check_bounds=False: an index row out of bounds (a negative index
+    included, not counted from the end) reads zeros and scatters nothing,
+    where GatherND and ScatterND would wrap it or fail."""
+    def inputs(n, rows, one):
+        g = torch.Generator().manual_seed(n)
+        idx = torch.stack([torch.randint(-2, 6, (n,), generator=g), torch.randint(-1, 4, (n,), generator=g)], 1)
+        idx32 = torch.randint(-2, 6, (n, 1), generator=g, dtype=torch.int32)
+        return (idx, idx32, torch.randn(n, generator=g), torch.randn(n, 3, generator=g), torch.randn(4, 3, generator=g),
+                torch.rand(n, generator=g) > 0.5, torch.randn(rows, 3, generator=g), torch.tensor(one))
+
+    rows = torch.export.Dim("rows", min=0)
+    check_roundtrip(Unchecked(), inputs(5, 3, [2, 1]), ({0: N},) * 4 + (None, {0: N}, {0: rows}, None),
+                    [inputs(40, 5, [-1, 1]), inputs(9, 0, [4, 0]), inputs(0, 2, [3, 2]), inputs(30, 1, [0, -3])],
+                    {"masked.gather_nd.default", "masked.scatter_nd.default", "masked.tensor_scatter_nd_add.default"})
+
+
+class WhereBigNumbers(torch.nn.Module):
+    def forward(self, c, x, i):
+        return (tm.where(c, x, 2**63), tm.where(c, 2**64 - 1, x), tm.where(c, i, -128),
+                tm.where(c, 255, i.to(torch.uint8)))
+
+
+class WhereNumberTooWide(torch.nn.Module):
+    def forward(self, c, i):
+        return tm.where(c, i, 200)
+
+
+def test_numbers_convert_as_in_eager():
+    """A number converts to the result dtype as eager converts it: one past
+    int64 into float32, and one the dtype cannot hold refused, as eager
+    refuses it."""
+    def inputs(n):
+        g = torch.Generator().manual_seed(n)
+        return (torch.rand(n, generator=g) > 0.5, torch.randn(n, generator=g),
+                torch.randint(-9, 9, (n,), dtype=torch.int8, generator=g))
+
+    check_roundtrip(WhereBigNumbers(), inputs(4), ({0: N},) * 3, [inputs(7), inputs(0)],
+                    {"masked.where.ScalarSelf", "masked.where.ScalarOther"})
+    c, _, i = inputs(2)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        WhereNumberTooWide()(c, i)
+    with pytest.raises(Exception, match=r"masked::where cannot be exported to ONNX: y=200: .*without overflow"):
+        export(WhereNumberTooWide(), (c, i))
+
+
+class WhereRowCount(torch.nn.Module):
+    def forward(self, c, i):
+        return (tm.where(c, i, i.shape[0]), tm.select(c[0], i.shape[0] - 1, i[0]),
+                torch.ops.masked.where.ScalarOther(c, i, i.shape[0]))
+
+
+def test_runtime_integer_too_wide_refused():
+    """An integer known only at run time is refused where its range may not
+    fit the result dtype (eager raises past it, ONNX's Cast would wrap), and
+    exported where it does."""
+    c, i = torch.tensor([True, False, True]), torch.tensor([1, -2, 3], dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"masked::where cannot be exported to ONNX: y, an integer known only at "
+                                         r"run time \(from 0 to int_oo\), is converted to torch.int8"):
+        export(WhereRowCount(), (c, i), ({0: N}, {0: N}))
+    with pytest.raises(RuntimeError, match="without overflow"):
+        WhereRowCount()(c.repeat(50), i.repeat(50))  # 150 rows
+
+    n = torch.export.Dim("n", min=0, max=127)
+    check_roundtrip(WhereRowCount(), (c, i), ({0: n}, {0: n}), [(c.repeat(42), i.repeat(42)), (c[:1], i[:1])],
+                    {"masked.where.self", "masked.select.default", "masked.where.ScalarOther"})

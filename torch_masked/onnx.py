@@ -57,11 +57,7 @@ def _refuse(op_name, case):
 
 
 def _torch_dtype(op_name, value):
-    """value's dtype as torch's, or refused where ONNX (or onnxruntime) has no such type."""
-    if isinstance(value, (bool, int, float)):
-        return torch.tensor(value).dtype
-    if isinstance(value, complex):
-        _refuse(op_name, f"the number {value} is complex, and ONNX's Where has no complex types")
+    """value's (an ONNX value's) dtype as torch's, or refused where ONNX (or onnxruntime) has no such type."""
     if value.dtype not in _TORCH_DTYPES:
         _refuse(op_name, f"dtype {value.dtype} is not among the types this export promotes between "
                          f"({', '.join(str(t) for t in _TORCH_DTYPES.values())})")
@@ -73,25 +69,25 @@ def _result_dtype(op_name, x, y, number=None):
     or numbers. `number` ("x" or "y") names the operand that is a number in
     the op's schema: one known only at run time (a SymInt, SymFloat or
     SymBool) reaches the translation as a 0-d ONNX value."""
-    def example(value, dtype, is_number):
+    def example(name, value):
         # A number keeps its value, or its kind when known only at run time,
         # so that it promotes as a wrapped number does; a tensor keeps
         # whether it is 0-d, which promotes below one with dimensions of the
         # same kind.
+        if isinstance(value, complex):
+            _refuse(op_name, f"the number {value} is complex, and ONNX's Where has no complex types")
         if isinstance(value, (bool, int, float)):
             return value
-        if is_number:
+        dtype = _torch_dtype(op_name, value)
+        if name == number:
             return torch.zeros((), dtype=dtype).item()
         return torch.empty(() if _rank(value) == 0 else (1,), dtype=dtype)
 
-    dx, dy = _torch_dtype(op_name, x), _torch_dtype(op_name, y)
-    return _ONNX_DTYPES[torch.result_type(example(x, dx, number == "x"), example(y, dy, number == "y"))]
+    return _ONNX_DTYPES[torch.result_type(example("x", x), example("y", y))]
 
 
 def _as_dtype(value, dtype):
-    """value (an ONNX value or a Python number) as an ONNX value of dtype."""
-    if isinstance(value, (bool, int, float)):
-        return op.Constant(value=ir.tensor(torch.tensor(value, dtype=_TORCH_DTYPES[dtype])))
+    """value (an ONNX value) as dtype."""
     return value if value.dtype == dtype else op.Cast(value, to=dtype)
 
 
@@ -151,9 +147,22 @@ _WHERE_WIDER = {ir.DataType.BOOL: ir.DataType.UINT8, ir.DataType.INT16: ir.DataT
                 ir.DataType.BFLOAT16: ir.DataType.FLOAT}
 
 
+def _operand(name, value, dtype):
+    """where's operand `name` (an ONNX value or a Python number) as an ONNX
+    value of dtype. A number converts as eager's does (at::scalar_tensor),
+    so one that dtype cannot hold is refused as eager refuses it."""
+    if not isinstance(value, (bool, int, float)):
+        return _as_dtype(value, dtype)
+    try:
+        number = torch.scalar_tensor(value, dtype=_TORCH_DTYPES[dtype])
+    except (RuntimeError, OverflowError) as error:
+        _refuse("where", f"{name}={value!r}: {error}")
+    return op.Constant(value=ir.tensor(number))
+
+
 def _selection(condition, x, y, dtype):
     """Where(condition, x, y) in dtype, the branches cast to it."""
-    x, y = _as_dtype(x, dtype), _as_dtype(y, dtype)
+    x, y = _operand("x", x, dtype), _operand("y", y, dtype)
     wider = _WHERE_WIDER.get(dtype)
     if wider is None:
         return op.Where(condition, x, y)
@@ -222,12 +231,38 @@ def _expand(value, shape):
     return op.Cast(op.Expand(op.Cast(value, to=ir.DataType.FLOAT), shape), to=ir.DataType.BFLOAT16)
 
 
+def _rows_in_bounds(data, indices, depth):
+    """For check_bounds=False, where our kernels skip index rows out of bounds
+    of data (negative ones included) and GatherND and ScatterND would wrap or
+    fail: whether each row of indices, as [R, K], is in bounds ([R] bool),
+    and those rows ([M, K] int64). Where data has a dimension of size 0
+    among its first K, none is."""
+    rows = op.Reshape(_int64(indices), op.Constant(value_ints=[-1, depth]))
+    within = op.And(op.GreaterOrEqual(rows, op.Constant(value_int=0)), op.Less(rows, op.Shape(data, end=depth)))
+    entries_within = op.ReduceSum(op.Cast(within, to=ir.DataType.INT64), op.Constant(value_ints=[1]), keepdims=0)
+    in_bounds = op.Equal(entries_within, op.Constant(value_int=depth))
+    return in_bounds, op.Compress(rows, in_bounds, axis=0)
+
+
 def _gather_nd(params, indices, check_bounds=True):
-    if _index_depth("gather_nd", indices) == 0:
+    depth = _index_depth("gather_nd", indices)
+    if depth == 0:
         # ONNX's GatherND needs K >= 1; K == 0 picks the whole of params for every index row.
         rows = op.Shape(indices, end=-1)
         return _expand(params, op.Concat(rows, op.Shape(params), axis=0))
-    return op.GatherND(params, _int64(indices))
+    if check_bounds:
+        return op.GatherND(params, _int64(indices))
+    # The rows in bounds gathered, then a slice of zeros, which the others
+    # read: selected by position with Gather, which takes every type (Where
+    # does not).
+    in_bounds, rows = _rows_in_bounds(params, indices, depth)
+    slice_shape = op.Concat(op.Constant(value_ints=[1]), op.Shape(params, start=depth), axis=0)
+    zeros = op.Cast(op.Expand(op.Constant(value_int=0), slice_shape), to=params.dtype)
+    table = op.Concat(op.GatherND(params, rows), zeros, axis=0)
+    position = op.Sub(op.CumSum(op.Cast(in_bounds, to=ir.DataType.INT64), op.Constant(value_int=0)),
+                      op.Constant(value_int=1))
+    position = op.Where(in_bounds, position, op.Shape(rows, end=1))
+    return op.Gather(table, op.Reshape(position, op.Shape(indices, end=-1), allowzero=1), axis=0)
 
 
 # Types summed in a wider one: ONNX has no bool addition (counts in int64,
@@ -243,15 +278,16 @@ _REDUCE_AS = {ir.DataType.INT8: ir.DataType.INT64, ir.DataType.UINT8: ir.DataTyp
               ir.DataType.INT16: ir.DataType.INT64}
 
 
-def _scatter_add(op_name, base, indices, updates):
+def _scatter_add(op_name, base, indices, updates, check_bounds):
     """base with updates added at indices (duplicates add up). updates's dtype
     is base's; updates comes from the graph, which knows it."""
     dtype = updates.dtype
     if dtype in _ACCUMULATE_AS:
         wide = _ACCUMULATE_AS[dtype]
-        summed = _scatter_add(op_name, op.Cast(base, to=wide), indices, op.Cast(updates, to=wide))
+        summed = _scatter_add(op_name, op.Cast(base, to=wide), indices, op.Cast(updates, to=wide), check_bounds)
         return op.Cast(summed, to=dtype)
-    if _index_depth(op_name, indices) == 0:
+    depth = _index_depth(op_name, indices)
+    if depth == 0:
         # K == 0: every update row adds to the whole tensor (ScatterND needs K >= 1).
         leading = list(range(_rank(indices) - 1))
         if leading:
@@ -259,6 +295,11 @@ def _scatter_add(op_name, base, indices, updates):
             summed = op.ReduceSum(_as_dtype(updates, wide), op.Constant(value_ints=leading), keepdims=0)
             updates = _as_dtype(summed, dtype)
         return op.Add(base, updates)
+    if not check_bounds:
+        # Only the rows in bounds, and their updates, are scattered.
+        in_bounds, indices = _rows_in_bounds(base, indices, depth)
+        update_rows = op.Concat(op.Shape(in_bounds), op.Shape(base, start=depth), axis=0)
+        updates = op.Compress(op.Reshape(updates, update_rows, allowzero=1), in_bounds, axis=0)
     return op.ScatterND(base, _int64(indices), updates, reduction="add")
 
 
@@ -266,11 +307,11 @@ def _scatter_nd(indices, updates, shape, check_bounds=True):
     # Zeros made in the type the sums are made in (no bfloat16 Expand).
     dtype = _ACCUMULATE_AS.get(updates.dtype, updates.dtype)
     zero = op.Constant(value=ir.tensor(torch.zeros((), dtype=_TORCH_DTYPES[dtype])))
-    return _scatter_add("scatter_nd", op.Expand(zero, shape), indices, updates)
+    return _scatter_add("scatter_nd", op.Expand(zero, shape), indices, updates, check_bounds)
 
 
 def _tensor_scatter_nd_add(tensor, indices, updates, check_bounds=True):
-    return _scatter_add("tensor_scatter_nd_add", tensor, indices, updates)
+    return _scatter_add("tensor_scatter_nd_add", tensor, indices, updates, check_bounds)
 
 
 def translation_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
@@ -308,6 +349,40 @@ def _check_opset(program, opset_version):
                 f"opset {_SCATTER_OPSET} or later")
 
 
+# Integer types that an integer known only at run time may not fit in.
+_NARROW_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+def _check_runtime_numbers(program):
+    """Eager raises where a number does not fit the dtype it is converted to,
+    ONNX's Cast wraps it. An integer known only at run time (x.shape[0], say)
+    converted for where or select to an integer type narrower than int64 is
+    refused unless the range torch.export gives it (a dimension's min and
+    max, torch._check) fits that type. It reaches the op as the number
+    (where.ScalarSelf, where.ScalarOther) or as an aten.full of it in the
+    result dtype (our Python front door)."""
+    masked = torch.ops.masked
+    selections = (masked.where.self, masked.where.ScalarSelf, masked.where.ScalarOther, masked.select.default)
+    for node in program.exported_program.graph.nodes:
+        if node.target not in selections:
+            continue
+        for name, operand in zip(("x", "y"), node.args[1:3]):
+            dtype = node.meta["val"].dtype  # the result's
+            if isinstance(operand, torch.fx.Node) and operand.target == torch.ops.aten.full.default:
+                operand, dtype = operand.args[1], operand.meta["val"].dtype
+            number = operand.meta["val"] if isinstance(operand, torch.fx.Node) else None
+            if not isinstance(number, torch.SymInt) or dtype not in _NARROW_INTEGERS:
+                continue
+            bounds = number.node.shape_env.bound_sympy(number.node.expr)
+            info = torch.iinfo(dtype)
+            if not info.min <= bounds.lower <= bounds.upper <= info.max:
+                raise ValueError(
+                    f"torch_masked.onnx: masked::{node.target._opname} cannot be exported to ONNX: {name}, an "
+                    f"integer known only at run time (from {bounds.lower} to {bounds.upper}), is converted to "
+                    f"{dtype}, which may not hold it: eager raises then, ONNX would wrap it. Bound it "
+                    f"(torch.export.Dim's max, torch._check) or make the other operand int64")
+
+
 def export(
     model: torch.nn.Module | torch.export.ExportedProgram,
     args: tuple[Any, ...] = (),
@@ -321,11 +396,14 @@ def export(
     """``torch.onnx.export(model, args, f, dynamo=True, ...)`` with the translations
     of the masked ops added to ``custom_translation_table`` (the caller's own
     entries win); returns PyTorch's ``ONNXProgram``. An ``opset_version`` below
-    16 is refused (``ValueError``) when the model scatters."""
+    16 is refused (``ValueError``) when the model scatters, and so is a number
+    known only at run time that where or select may convert to an integer
+    type too narrow for it (_check_runtime_numbers)."""
     table = {**translation_table(), **(custom_translation_table or {})}
     program = torch.onnx.export(model, args, dynamo=True, opset_version=opset_version,
                                 custom_translation_table=table, **kwargs)
     _check_opset(program, opset_version)
+    _check_runtime_numbers(program)
     if f is not None:
         program.save(f, external_data=external_data)
     return program
