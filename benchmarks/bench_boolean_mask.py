@@ -1,12 +1,15 @@
 """boolean_mask against native boolean indexing: 1-D ``x[mask]``, a row mask
 on [N, 64] (axis 0, ``x[mask]``) and a column mask on [64, N] (axis 1,
 ``x[:, mask]``), float32, forward and forward+backward, with NumPy's
-indexing as a reference column on the CPU."""
+indexing as a reference column on the CPU, and JAX's (eager, the result's
+size known only from the data; its backward by jax.vjp)."""
 import numpy as np
 import torch
 
+import jax_peer
 import torch_masked
 from harness import Case
+from jax_peer import jax
 
 
 def layouts(numel):
@@ -27,6 +30,7 @@ def forward_cases(name, series, numel, x, mask, axis, index, selected_bytes):
         lambda: x[index],
         "x[mask]" if axis == 0 else "x[:, mask]",
         numpy=(lambda: x_np[(slice(None),) * axis + (mask_np,)]) if x.device.type == "cpu" else None,
+        jax=jax_peer.side(x.device, lambda x, mask: x[(slice(None),) * axis + (mask,)], x, mask, jit=False),
         bytes_moved=mask.numel() + 2 * selected_bytes,
         size=numel,
         series=series,
@@ -55,6 +59,10 @@ def training_cases(name, series, numel, x, mask, axis, index, selected_bytes):
             grad_x = np.zeros_like(x_np)
             grad_x[np_index] = grad_np
 
+    def jax_fn(x, mask, grad):
+        out, pullback = jax.vjp(lambda x: x[(slice(None),) * axis + (mask,)], x)
+        return out, pullback(grad)
+
     yield Case(
         "boolean_mask fwd+bwd",
         name,
@@ -62,6 +70,7 @@ def training_cases(name, series, numel, x, mask, axis, index, selected_bytes):
         native,
         "autograd of x[mask]" if axis == 0 else "autograd of x[:, mask]",
         numpy=numpy,
+        jax=jax_peer.side(x.device, jax_fn, x, mask, grad, jit=False),
         bytes_moved=2 * mask.numel() + 3 * selected_bytes + x.numel() * x.element_size(),
         size=numel,
         series=series,

@@ -1,10 +1,13 @@
 """nonzero and nonzero_static against torch.nonzero / torch.nonzero_static
-(and NumPy's np.argwhere on the CPU)."""
+(and NumPy's np.argwhere on the CPU; JAX's jnp.argwhere, eager, its result's
+size known only from the data, and jitted with size= for nonzero_static)."""
 import numpy as np
 import torch
 
+import jax_peer
 import torch_masked
 from harness import Case
+from jax_peer import jnp
 
 
 def sizes(device, quick):
@@ -30,6 +33,7 @@ def nonzero_case(name, series, x, device):
         lambda: torch.nonzero(x),
         "torch.nonzero",
         numpy=(lambda: np.argwhere(x_np)) if device == "cpu" else None,
+        jax=jax_peer.side(device, lambda x: jnp.argwhere(x), x, jit=False),
         bytes_moved=moved,
         size=x.numel(),
         series=series,
@@ -55,6 +59,7 @@ def cases(device, quick):
             lambda x=x, size=size: torch_masked.nonzero_static(x, size=size),
             lambda x=x, size=size: torch.nonzero_static(x, size=size),
             "torch.nonzero_static",
+            jax=jax_peer.side(device, lambda x, size=size: jnp.argwhere(x, size=size, fill_value=-1), x),
             bytes_moved=x.nbytes + size * x.dim() * 8,
             size=n,
             series=f"bool [N/1000,1000] density={density} size=N*density/2",

@@ -5,14 +5,19 @@ destinations, so duplicates are common) against
 ``zeros.index_put_((idx,), upd, accumulate=True)`` and ``zeros.index_add_``.
 Slice scatter: N/64 rows of 64 into ``[N/64, 64]``. Gather: the same shapes
 against advanced indexing. NumPy's ``np.add.at`` / fancy indexing in the NumPy
-column (float32 only: NumPy has no bfloat16). On CUDA, every scatter also
-on the deterministic path (``torch.use_deterministic_algorithms(True)``).
+column (float32 only: NumPy has no bfloat16); JAX's jitted
+``zeros.at[tuple(idx.T)].add(upd)`` / ``params[tuple(idx.T)]`` in the JAX
+column. On CUDA, every scatter also on the deterministic path
+(``torch.use_deterministic_algorithms(True)``), which JAX has no per-call
+switch for.
 """
 import numpy as np
 import torch
 
+import jax_peer
 import torch_masked
 from harness import Case
+from jax_peer import jnp
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -54,11 +59,13 @@ def _scatter_cases(device, n, rows, width, dtype, gen):
             np.add.at(out, idx_np, upd_np)
             return out
 
+    jax_side = jax_peer.side(device, lambda idx, u: jnp.zeros(shape, u.dtype).at[tuple(idx.T)].add(u), indices, upd)
     yield Case("scatter_nd", name, ours, lambda: torch.zeros(shape, dtype=dtype, device=device).index_put_(
-        (idx,), upd, accumulate=True), "index_put_(accumulate=True)", numpy=numpy_fn, bytes_moved=moved,
+        (idx,), upd, accumulate=True), "index_put_(accumulate=True)", numpy=numpy_fn, jax=jax_side, bytes_moved=moved,
         size=n, series=series + " vs index_put_")
     yield Case("scatter_nd", name, ours, lambda: torch.zeros(shape, dtype=dtype, device=device).index_add_(
-        0, idx, upd), "index_add_", numpy=numpy_fn, bytes_moved=moved, size=n, series=series + " vs index_add_")
+        0, idx, upd), "index_add_", numpy=numpy_fn, jax=jax_side, bytes_moved=moved, size=n,
+        series=series + " vs index_add_")
     if device == "cuda":
         yield Case("scatter_nd", name + " deterministic", _deterministic(ours),
                    _deterministic(lambda: torch.zeros(shape, dtype=dtype, device=device).index_put_(
@@ -81,7 +88,8 @@ def _gather_case(device, n, width, dtype, gen):
 
     return Case("gather_nd", f"gather {kind} N={n:.0e} {str(dtype)[6:]}",
                 lambda: torch_masked.gather_nd(params, indices), lambda: params[idx], "params[idx]",
-                numpy=numpy_fn, bytes_moved=slots * 8 + 2 * n * params.element_size(),
+                numpy=numpy_fn, jax=jax_peer.side(device, lambda p, idx: p[tuple(idx.T)], params, indices),
+                bytes_moved=slots * 8 + 2 * n * params.element_size(),
                 size=n, series=f"gather {kind} {str(dtype)[6:]}")
 
 

@@ -1,10 +1,13 @@
 """where (same shape and broadcast) and select (row form) against
-torch.where doing the same thing, with NumPy's np.where for reference."""
+torch.where doing the same thing, with NumPy's np.where and JAX's jnp.where
+(jitted) for reference."""
 import numpy as np
 import torch
 
+import jax_peer
 import torch_masked
 from harness import Case
+from jax_peer import jnp
 
 
 # y_shape SCALAR: y is the Python number 0.0.
@@ -40,6 +43,7 @@ def _where_case(name, series, cond_shape, x_shape, y_shape, device):
         lambda: torch.where(condition, x, y),
         "torch.where",
         numpy=_numpy(condition, x, y, device),
+        jax=jax_peer.side(device, lambda c, x, y: jnp.where(c, x, y), condition, x, y),
         bytes_moved=moved,
         size=out_numel,
         series=series,
@@ -58,6 +62,7 @@ def _select_rows_case(rows, cols, device):
         lambda: torch.where(column, x, y),
         "torch.where(c[:, None], x, y)",
         numpy=_numpy(column, x, y, device),
+        jax=jax_peer.side(device, lambda c, x, y: jnp.where(c[:, None], x, y), condition, x, y),
         bytes_moved=moved,
         size=rows * cols,
         series=f"rows [N/{cols}] x,y [N/{cols},{cols}] f32",

@@ -105,6 +105,15 @@ if [[ " $STEPS " != *" bench "* ]]; then
   exit 0
 fi
 
+# JAX is the benchmarks' GPU peer where it can share the GPU with torch in
+# one process; otherwise the rows go without it.
+if ! timeout 120 python3 -c "import torch; torch.ones(1, device='cuda')
+import jax, jax.numpy as jnp; jax.block_until_ready(jnp.ones(1, device=jax.devices('gpu')[0]) + 1)" \
+    > "$OUT/jax_check.log" 2>&1; then
+  export BENCH_JAX=0
+  echo "benchmarks without JAX: $(tail -1 "$OUT/jax_check.log")"
+fi
+
 # The compiled chains last: their compiles could take all the time left,
 # and a run cut short keeps the rows measured before.
 bench_ops=${OPS:-$(cd benchmarks && python3 -c "from run import OPS; print(','.join(sorted(OPS, key=lambda op: op == 'compiled')))")}

@@ -1,5 +1,6 @@
-"""Times our op and the native PyTorch way (and NumPy's, on the CPU) in the
-same process, on the same inputs, and prints the ratio.
+"""Times our op and the native PyTorch way (and NumPy's, on the CPU, and
+JAX's, where installed) in the same process, on the same inputs, and prints
+the ratio.
 
 Each benchmarks/bench_<op>.py defines ``cases(device, quick)`` yielding Case
 objects; benchmarks/run.py collects and prints them.
@@ -20,6 +21,8 @@ class Case:
     native: Callable[[], object]
     native_name: str
     numpy: Optional[Callable[[], object]] = None
+    # From jax_peer.side: returns once JAX's results are ready.
+    jax: Optional[Callable[[], object]] = None
     # Bytes a perfect implementation must read and write, for a bandwidth column.
     bytes_moved: Optional[int] = None
     # For the report's plots: the input's size (elements) on the x axis, and
@@ -34,15 +37,20 @@ class Row:
     ours_s: float
     native_s: float
     numpy_s: Optional[float]
+    jax_s: Optional[float] = None
 
     @property
     def ratio(self):
         return self.ours_s / self.native_s
 
+    @property
+    def jax_ratio(self):
+        return None if self.jax_s is None else self.ours_s / self.jax_s
+
     def as_dict(self):
         return {"op": self.case.op, "case": self.case.name, "native": self.case.native_name,
                 "ours_s": self.ours_s, "native_s": self.native_s, "numpy_s": self.numpy_s,
-                "bytes_moved": self.case.bytes_moved,
+                "jax_s": self.jax_s, "bytes_moved": self.case.bytes_moved,
                 "size": self.case.size, "series": self.case.series}
 
 
@@ -59,7 +67,7 @@ def time_one_call(fn, is_cuda):
     return time.perf_counter() - t0
 
 
-def _interleaved_rounds(fns, is_cuda, min_seconds, min_rounds, max_rounds):
+def _interleaved_rounds(fns, is_cuda, min_seconds, min_rounds, max_rounds, host_timed):
     """Seconds of each timed call of each fn, one turn of each per round, for
     at least min_rounds rounds and min_seconds. A turn is two calls, only the
     second timed."""
@@ -72,12 +80,12 @@ def _interleaved_rounds(fns, is_cuda, min_seconds, min_rounds, max_rounds):
             fns[side]()
             if is_cuda:
                 torch.cuda.synchronize()
-            samples[side].append(time_one_call(fns[side], is_cuda))
+            samples[side].append(time_one_call(fns[side], is_cuda and side not in host_timed))
         rounds += 1
     return samples
 
 
-def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200):
+def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200, host_timed=()):
     """Median seconds of one call of each fn. The sides take turns, one turn
     of each per round, so that a machine whose speed drifts (other tenants,
     frequency changes) slows every side alike instead of whichever ran in
@@ -96,32 +104,49 @@ def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200):
     hundred megabytes of fresh huge-page memory that a process's large
     outputs land on cost about ten times the usual first touch; the warm-up
     lets that pass for every side before the timing (benchmarks/METHODS.md
-    gives its size)."""
+    gives its size).
+
+    On CUDA the calls are timed with CUDA events on torch's current stream,
+    but those of the fns at the positions in host_timed (their work is on
+    streams the events do not see, and they return once it is done) with
+    the host's clock."""
     is_cuda = torch.device(device).type == "cuda"
-    _interleaved_rounds(fns, is_cuda, 0.0 if is_cuda else 1.5, 2, max_rounds)
-    samples = _interleaved_rounds(fns, is_cuda, min_seconds, 5, max_rounds)
+    _interleaved_rounds(fns, is_cuda, 0.0 if is_cuda else 1.5, 2, max_rounds, host_timed)
+    samples = _interleaved_rounds(fns, is_cuda, min_seconds, 5, max_rounds, host_timed)
     return [statistics.median(fn_samples) for fn_samples in samples]
 
 
 def run_case(case, device):
-    fns = [case.ours, case.native] + ([case.numpy] if case.numpy is not None else [])
-    times = time_interleaved(fns, device)
-    return Row(case, times[0], times[1], times[2] if case.numpy is not None else None)
+    sides = [case.ours, case.native, case.numpy, case.jax]
+    present = [k for k, fn in enumerate(sides) if fn is not None]
+    # JAX works on its own CUDA streams: its side is timed on the host.
+    times = time_interleaved([sides[k] for k in present], device,
+                             host_timed=[present.index(3)] if case.jax is not None else [])
+    seconds = dict(zip(present, times))
+    return Row(case, seconds[0], seconds[1], seconds.get(2), seconds.get(3))
 
 
 def fmt_ms(seconds):
     return "-" if seconds is None else f"{seconds * 1e3:9.3f}"
 
 
+def fmt(value, spec, suffix=""):
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
 def print_table(rows, title):
+    """One line a row; the JAX columns only where a row has JAX's figure."""
+    with_jax = any(row.jax_s is not None for row in rows)
     print(f"\n{title}")
-    header = f"{'op':<22} {'case':<40} {'ours ms':>9} {'native ms':>9} {'ratio':>6} {'numpy ms':>9} {'ours GB/s':>9}  native"
+    header = (f"{'op':<22} {'case':<40} {'ours ms':>9} {'native ms':>9} {'ratio':>6} {'numpy ms':>9} "
+              + (f"{'jax ms':>9} {'ours/jax':>8} " if with_jax else "") + f"{'ours GB/s':>9}  native")
     print(header)
     print("-" * len(header))
     for row in rows:
         c = row.case
         gbs = f"{c.bytes_moved / row.ours_s / 1e9:9.1f}" if c.bytes_moved else "        -"
+        jax = f"{fmt_ms(row.jax_s):>9} {fmt(row.jax_ratio, '8.2f'):>8} " if with_jax else ""
         print(
             f"{c.op:<22} {c.name:<40} {fmt_ms(row.ours_s)} {fmt_ms(row.native_s)} {row.ratio:6.2f} "
-            f"{fmt_ms(row.numpy_s)} {gbs}  {c.native_name}"
+            f"{fmt_ms(row.numpy_s)} {jax}{gbs}  {c.native_name}"
         )

@@ -5,12 +5,13 @@ against, tables and plots, in one command.
 
 It first measures the memory-copy bandwidth of this device (a large float32
 copy into a reused output, and into a fresh one), then runs the cases of
-every module in run.py's OPS through the harness (ours, native and NumPy
-taking turns), and writes:
+every module in run.py's OPS through the harness (ours, native, NumPy and,
+where installed, JAX taking turns), and writes:
 - the report's section for this device in --out (the other device's section
-  is kept): a summary, then per op a table (ours, native, NumPy, ours /
-  native, ours / fastest peer, GB/s and share of the copy bandwidth where
-  the case counts its bytes) and its plot, then the speed goals (goals.py);
+  is kept): a summary, then per op a table (ours, native, NumPy, JAX where a
+  row has it, ours / native, ours / JAX, ours / fastest peer, GB/s and share
+  of the copy bandwidth where the case counts its bytes) and its plot, then
+  the speed goals (goals.py);
 - a PNG per op beside it, plots/<device>/<op>.png (matplotlib; without it the
   report says so and has no plots): time ratio against size, and achieved
   GB/s against the copy bandwidth;
@@ -38,7 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import goals  # noqa: E402
-from harness import fmt_ms, print_table, run_case, time_interleaved  # noqa: E402
+import jax_peer  # noqa: E402
+from harness import fmt, fmt_ms, print_table, run_case, time_interleaved  # noqa: E402
 from run import OPS, write_json  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "RESULTS.md")
@@ -130,10 +132,20 @@ def machine(device):
 
 
 def fastest_peer(row):
-    """(seconds, name) of the faster of the native side and NumPy's."""
-    if row.numpy_s is not None and row.numpy_s < row.native_s:
-        return row.numpy_s, "NumPy"
-    return row.native_s, "native"
+    """(seconds, name) of the fastest of the native side, NumPy's and JAX's."""
+    peers = [(row.native_s, "native"), (row.numpy_s, "NumPy"), (row.jax_s, "JAX")]
+    return min((peer for peer in peers if peer[0] is not None), key=lambda peer: peer[0])
+
+
+def has_jax(rows):
+    return any(row.jax_s is not None for row in rows)
+
+
+def peer_names(rows):
+    """The sides that rows are compared with, as words: 'native or NumPy'."""
+    names = ["native"] + [name for name, seconds in (("NumPy", "numpy_s"), ("JAX", "jax_s"))
+                          if any(getattr(row, seconds) is not None for row in rows)]
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def group_by_op(rows):
@@ -143,16 +155,13 @@ def group_by_op(rows):
     return groups
 
 
-def fmt(value, spec, suffix=""):
-    return "-" if value is None else f"{value:{spec}}{suffix}"
-
-
 def op_table(rows, copy):
     natives = sorted({row.case.native_name for row in rows})
     one_native = len(natives) == 1
     header = ["case"] + ([] if one_native else ["native"]) + [
-        "ours ms", "native ms", "NumPy ms", "ours / native", "ours / fastest", "ours GB/s", "of copy", "floor ms"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        "ours ms", "native ms", "NumPy ms", "JAX ms", "ours / native", "ours / JAX", "ours / fastest", "ours GB/s",
+        "of copy", "floor ms"]
+    table = []
     for row in rows:
         c = row.case
         peer_s, _ = fastest_peer(row)
@@ -160,24 +169,37 @@ def op_table(rows, copy):
         share = c.bytes_moved / row.ours_s / copy if c.bytes_moved else None
         floor = c.bytes_moved / copy if c.bytes_moved else None
         ratio = row.ours_s / peer_s
-        cells = [c.name] + ([] if one_native else [f"`{c.native_name}`"]) + [
+        table.append([c.name] + ([] if one_native else [f"`{c.native_name}`"]) + [
             fmt_ms(row.ours_s).strip(), fmt_ms(row.native_s).strip(), fmt_ms(row.numpy_s).strip(),
-            f"{row.ratio:.2f}", f"**{ratio:.2f}**" if ratio > 1 else f"{ratio:.2f}",
-            fmt(gbs, ".1f"), fmt(share, ".0%"), fmt_ms(floor).strip()]
-        lines.append("| " + " | ".join(cells) + " |")
+            fmt_ms(row.jax_s).strip(), f"{row.ratio:.2f}", fmt(row.jax_ratio, ".2f"),
+            f"**{ratio:.2f}**" if ratio > 1 else f"{ratio:.2f}", fmt(gbs, ".1f"), fmt(share, ".0%"),
+            fmt_ms(floor).strip()])
     native = f"Native: `{natives[0]}`. " if one_native else ""
-    return native, "\n".join(lines)
+    return native, markdown_table(header, table, has_jax(rows))
+
+
+def markdown_table(header, table, with_jax):
+    """The table's lines, the first column left-aligned, the others right;
+    the JAX columns only with_jax."""
+    keep = [with_jax or "JAX" not in name for name in header]
+    header, *table = [[cell for cell, kept in zip(cells, keep) if kept] for cells in [header] + table]
+    rule = "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"
+    return "\n".join(["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(cells) + " |" for cells in table])
 
 
 def summary_table(groups):
-    lines = ["| op | rows | ours / native | ours / fastest peer | rows a peer wins |", "|---|---:|---:|---:|---:|"]
+    table = []
     for op, rows in groups.items():
-        native = [row.ratio for row in rows]
         fastest = [row.ours_s / fastest_peer(row)[0] for row in rows]
-        lost = sum(r > 1 for r in fastest)
-        lines.append(f"| [{op}](#{anchor(op)}) | {len(rows)} | {min(native):.2f}–{max(native):.2f} | "
-                     f"{min(fastest):.2f}–{max(fastest):.2f} | {lost} |")
-    return "\n".join(lines)
+        table.append([f"[{op}](#{anchor(op)})", str(len(rows)), span([row.ratio for row in rows]),
+                      span([row.jax_ratio for row in rows if row.jax_s is not None]), span(fastest),
+                      str(sum(r > 1 for r in fastest))])
+    header = ["op", "rows", "ours / native", "ours / JAX", "ours / fastest peer", "rows a peer wins"]
+    return markdown_table(header, table, any(has_jax(rows) for rows in groups.values()))
+
+
+def span(ratios):
+    return f"{min(ratios):.2f}–{max(ratios):.2f}" if ratios else "-"
 
 
 def anchor(op):
@@ -211,7 +233,7 @@ def plot_op(plt, op, rows, copy, device, path):
     for row in sized:
         series.setdefault(row.case.series or row.case.name, []).append(row)
     colors = plt.get_cmap("tab20" if len(series) > 10 else "tab10")
-    peers = "native or NumPy" if any(row.numpy_s is not None for row in rows) else "native"
+    peers = peer_names(rows)
     if sized:
         for k, (name, points) in enumerate(series.items()):
             points.sort(key=lambda row: row.case.size)
@@ -285,7 +307,8 @@ def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, 
     parts = [
         f"## {heading}: {machine(device)}",
         "",
-        f"{when}; torch {torch.__version__}, NumPy {np.__version__}; `{command}`, {seconds:.0f} s"
+        f"{when}; torch {torch.__version__}, NumPy {np.__version__}"
+        + (f", JAX {jax_peer.jax.__version__}" if has_jax(rows) else "") + f"; `{command}`, {seconds:.0f} s"
         + (f"; load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
            + (" (above the thread count: other processes shared the cores, and the times are less sure)."
               if max(load[0], os.getloadavg()[0]) > torch.get_num_threads() else ".") if device == "cpu" else "."),
@@ -294,8 +317,9 @@ def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, 
         f"perfect kernel moves at that speed) are read against the reused figure (rows whose data fit in the caches "
         f"can pass it); every benchmark row allocates its outputs afresh.",
         "",
-        "Ratios below 1: ours is faster. `ours / fastest` is against the faster of the native PyTorch way and "
-        "NumPy (bold where a peer is faster).",
+        "Ratios below 1: ours is faster. `ours / fastest` is against the "
+        + ("fastest of the native PyTorch way, NumPy and JAX" if has_jax(rows) else
+           "faster of the native PyTorch way and NumPy") + " (bold where a peer is faster).",
         "",
     ]
     if plots is None:

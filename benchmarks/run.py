@@ -3,7 +3,9 @@
     python benchmarks/run.py [--device cpu|cuda] [--ops nonzero,where,...] [--quick] [--json rows.json]
 
 Each row times ours and the native PyTorch equivalent in this process on the
-same inputs; ratio = ours / native (below 1.0: ours is faster).
+same inputs; ratio = ours / native (below 1.0: ours is faster). NumPy's time
+(CPU runs) and JAX's (where JAX is installed with a backend for the device)
+are shown beside them.
 """
 import argparse
 import importlib
