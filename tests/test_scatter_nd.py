@@ -627,10 +627,11 @@ def test_gather_from_views(device, depth):
             assert_same(torch_masked.gather_nd(params, bad, check_bounds=False), expected)
 
 
+@pytest.mark.cpu_kernel
 def test_cpu_gathers_from_broadcast_params_without_copying_them():
-    """A broadcast of 2**40 rows (a contiguous copy would be 12 TiB); and a
-    slice longer than the CPU's offset table, not dense, gathered through a
-    contiguous copy."""
+    """A broadcast of 2**40 rows (a contiguous copy would be 12 TiB, which
+    the CUDA kernel makes); and a slice longer than the CPU's offset table,
+    not dense, gathered through a contiguous copy."""
     row = torch.tensor([1.0, 2.0, 3.0])
     huge = row.expand(2**40, 3)
     out = torch_masked.gather_nd(huge, torch.tensor([[0], [2**40 - 1], [12345]]))
