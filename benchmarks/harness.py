@@ -134,9 +134,14 @@ def fmt(value, spec, suffix=""):
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def has_jax(rows):
+    """Whether any of rows has JAX's figure (its columns are shown only then)."""
+    return any(row.jax_s is not None for row in rows)
+
+
 def print_table(rows, title):
     """One line a row; the JAX columns only where a row has JAX's figure."""
-    with_jax = any(row.jax_s is not None for row in rows)
+    with_jax = has_jax(rows)
     print(f"\n{title}")
     header = (f"{'op':<22} {'case':<40} {'ours ms':>9} {'native ms':>9} {'ratio':>6} {'numpy ms':>9} "
               + (f"{'jax ms':>9} {'ours/jax':>8} " if with_jax else "") + f"{'ours GB/s':>9}  native")

@@ -40,7 +40,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import goals  # noqa: E402
 import jax_peer  # noqa: E402
-from harness import fmt, fmt_ms, print_table, run_case, time_interleaved  # noqa: E402
+from harness import fmt, fmt_ms, has_jax, print_table, run_case, time_interleaved  # noqa: E402
 from run import OPS, write_json  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "RESULTS.md")
@@ -135,10 +135,6 @@ def fastest_peer(row):
     """(seconds, name) of the fastest of the native side, NumPy's and JAX's."""
     peers = [(row.native_s, "native"), (row.numpy_s, "NumPy"), (row.jax_s, "JAX")]
     return min((peer for peer in peers if peer[0] is not None), key=lambda peer: peer[0])
-
-
-def has_jax(rows):
-    return any(row.jax_s is not None for row in rows)
 
 
 def peer_names(rows):
@@ -317,9 +313,8 @@ def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, 
         f"perfect kernel moves at that speed) are read against the reused figure (rows whose data fit in the caches "
         f"can pass it); every benchmark row allocates its outputs afresh.",
         "",
-        "Ratios below 1: ours is faster. `ours / fastest` is against the "
-        + ("fastest of the native PyTorch way, NumPy and JAX" if has_jax(rows) else
-           "faster of the native PyTorch way and NumPy") + " (bold where a peer is faster).",
+        f"Ratios below 1: ours is faster. `ours / fastest` is against the fastest of {peer_names(rows)} "
+        "(bold where a peer is faster).",
         "",
     ]
     if plots is None:

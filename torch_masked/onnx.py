@@ -366,8 +366,9 @@ def _check_runtime_numbers(program):
     for node in program.exported_program.graph.nodes:
         if node.target not in selections:
             continue
+        result_dtype = node.meta["val"].dtype
         for name, operand in zip(("x", "y"), node.args[1:3]):
-            dtype = node.meta["val"].dtype  # the result's
+            dtype = result_dtype
             if isinstance(operand, torch.fx.Node) and operand.target == torch.ops.aten.full.default:
                 operand, dtype = operand.args[1], operand.meta["val"].dtype
             number = operand.meta["val"] if isinstance(operand, torch.fx.Node) else None
