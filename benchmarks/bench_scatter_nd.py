@@ -73,12 +73,18 @@ def _scatter_cases(device, n, rows, width, dtype, gen):
                    bytes_moved=moved, size=n, series=series + " deterministic")
 
 
-def _gather_case(device, n, width, dtype, gen):
+def _gather_case(device, n, width, dtype, gen, transposed=False):
+    """Gathers n / width random slots of `width` elements; `transposed`: from
+    params stored as its transpose (each slice's elements n / width apart),
+    which both sides read in place."""
     slots = n // width
-    params = torch.randn([slots] if width == 1 else [slots, width], generator=gen).to(dtype).to(device)
+    if transposed:
+        params = torch.randn([width, slots], generator=gen).to(dtype).to(device).t()
+    else:
+        params = torch.randn([slots] if width == 1 else [slots, width], generator=gen).to(dtype).to(device)
     idx = torch.randint(0, slots, (slots,), generator=gen).to(device)
     indices = idx.unsqueeze(1)
-    kind = "element" if width == 1 else f"slice x{width}"
+    kind = ("element" if width == 1 else f"slice x{width}") + (" transposed" if transposed else "")
     numpy_fn = None
     if dtype == torch.float32 and device == "cpu":
         params_np, idx_np = params.numpy(), idx.numpy()
@@ -103,3 +109,5 @@ def cases(device, quick):
             yield from _scatter_cases(device, n, n // 64, 64, dtype, gen)
             for width in (1, 64):
                 yield _gather_case(device, n, width, dtype, gen)
+            if dtype == torch.float32:
+                yield _gather_case(device, n, 64, dtype, gen, transposed=True)

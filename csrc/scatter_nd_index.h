@@ -88,6 +88,51 @@ inline NdIndexGeometry make_geometry(const char* op, const at::Tensor& indices, 
   return g;
 }
 
+// The dimensions a slice of a gather's `params` may keep apart after
+// merging (which leaves one for a slice that is a view with every other
+// row or a transpose of a matrix); past that, params is copied first.
+constexpr int64_t kMaxSliceDims = 6;
+
+// How a gathered slice params[i0, ..., iK-1] lies in memory, for gathers
+// that read params in its own strides: its dimensions past K with those of
+// size 1 dropped and neighbours that step as one merged, innermost first.
+// Dense (no dimension kept): its S elements lie at 0, 1, ..., S-1 from its
+// first, to be copied whole.
+struct SliceLayout {
+  int64_t dims = 0;
+  int64_t sizes[kMaxSliceDims] = {};
+  int64_t strides[kMaxSliceDims] = {};
+  bool fits = true;  // false: more than kMaxSliceDims dimensions are left
+
+  bool dense() const { return fits && dims == 0; }
+};
+
+inline SliceLayout slice_layout(const at::Tensor& params, int64_t depth) {
+  SliceLayout layout;
+  for (int64_t d = params.dim() - 1; d >= depth; --d) {
+    const int64_t size = params.size(d);
+    const int64_t stride = params.stride(d);
+    if (size == 1) {
+      continue;
+    }
+    const int64_t inner = layout.dims - 1;
+    if (inner >= 0 && stride == layout.strides[inner] * layout.sizes[inner]) {
+      layout.sizes[inner] *= size;
+    } else if (layout.dims == kMaxSliceDims) {
+      layout.fits = false;
+      return layout;
+    } else {
+      layout.sizes[layout.dims] = size;
+      layout.strides[layout.dims] = stride;
+      ++layout.dims;
+    }
+  }
+  if (layout.dims == 1 && layout.strides[0] == 1) {
+    layout.dims = 0;
+  }
+  return layout;
+}
+
 // indices.shape[:-1] + shape[K:]: the shape of the updates of a scatter and
 // of the result of a gather.
 inline std::vector<int64_t> rows_shape(const at::Tensor& indices, at::IntArrayRef shape) {

@@ -113,10 +113,12 @@ def draw(generator, choices):
 
 
 def random_shape(generator, rank, sizes, max_numel=20_000):
-    """A shape of `rank` dimensions drawn from `sizes`, of at most `max_numel` elements."""
+    """A shape of `rank` dimensions drawn from `sizes`, of at most `max_numel`
+    elements with its sizes of 0 counted as 1 (an empty tensor's mask or
+    indices may still be as large as the other sizes make them)."""
     while True:
         shape = tuple(draw(generator, sizes) for _ in range(rank))
-        if math.prod(shape) <= max_numel:
+        if math.prod(max(size, 1) for size in shape) <= max_numel:
             return shape
 
 

@@ -605,7 +605,7 @@ def test_non_contiguous_inputs(device):
 def test_gather_from_views(device, depth):
     """Params that are views (sliced, transposed, broadcast with stride 0,
     with a storage offset), whose slices are dense or not, at every index
-    depth: the CPU reads them in place. Rows out of bounds with
+    depth: both kernels read them in place. Rows out of bounds with
     check_bounds=False still read as zeros."""
     gen = torch.Generator().manual_seed(9)
     base = torch.randn(6, 7, 8, generator=gen).to(device)
@@ -627,18 +627,23 @@ def test_gather_from_views(device, depth):
             assert_same(torch_masked.gather_nd(params, bad, check_bounds=False), expected)
 
 
-@pytest.mark.cpu_kernel
-def test_cpu_gathers_from_broadcast_params_without_copying_them():
-    """A broadcast of 2**40 rows (a contiguous copy would be 12 TiB, which
-    the CUDA kernel makes); and a slice longer than the CPU's offset table,
-    not dense, gathered through a contiguous copy."""
-    row = torch.tensor([1.0, 2.0, 3.0])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathers_from_broadcast_params_without_copying_them(device):
+    """A broadcast of 2**40 rows (a contiguous copy would be 12 TiB); a slice
+    longer than the CPU's offset table, not dense (the CPU gathers it from a
+    contiguous copy, CUDA in place); and a slice of more dimensions than merge
+    into the kernels' layout (both gather it from a contiguous copy)."""
+    row = torch.tensor([1.0, 2.0, 3.0], device=device)
     huge = row.expand(2**40, 3)
-    out = torch_masked.gather_nd(huge, torch.tensor([[0], [2**40 - 1], [12345]]))
+    out = torch_masked.gather_nd(huge, torch.tensor([[0], [2**40 - 1], [12345]], device=device))
     assert torch.equal(out, row.expand(3, 3))
-    long_columns = torch.randn(2**20 + 5, 2).t()  # slices of 2**20 + 5 elements, stride 2
-    indices = torch.tensor([[1], [0], [1]])
+    long_columns = torch.randn(2**20 + 5, 2).t().to(device)  # slices of 2**20 + 5 elements, stride 2
+    indices = torch.tensor([[1], [0], [1]], device=device)
     assert torch.equal(torch_masked.gather_nd(long_columns, indices), long_columns[indices[:, 0]])
+    # Seven dimensions of size 2 stored in reverse order: none merges with its neighbour.
+    unmerged = torch.randn([3] + [2] * 7).to(device).permute(0, *range(7, 0, -1))
+    indices = torch.tensor([[2], [0], [2]], device=device)
+    assert torch.equal(torch_masked.gather_nd(unmerged, indices), unmerged[indices[:, 0]])
 
 
 def algorithms(deterministic):

@@ -544,33 +544,16 @@ inline void note_bad_row(std::atomic<int64_t>& first_bad, int64_t row) {
   }
 }
 
-// Whether params' strides lay each gathered slice params[i0, ..., iK-1] out
-// densely (its elements at 0, 1, ..., S-1 from its first), to be copied whole.
-bool slice_is_dense(const at::Tensor& params, int64_t depth) {
-  const at::IntArrayRef sizes = params.sizes().slice(depth);
-  const at::IntArrayRef strides = params.strides().slice(depth);
-  int64_t dense_stride = 1;
-  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
-    if (sizes[d] != 1) {
-      if (strides[d] != dense_stride) {
-        return false;
-      }
-      dense_stride *= sizes[d];
-    }
-  }
-  return true;
-}
-
 // The offsets from a gathered slice's first element of its elements, in
 // row-major order (for a slice that is not dense: transposed or broadcast).
-std::vector<int64_t> slice_offsets(const at::Tensor& params, int64_t depth) {
+std::vector<int64_t> slice_offsets(const SliceLayout& layout) {
   std::vector<int64_t> offsets{0};
-  for (const auto d : c10::irange(depth, params.dim())) {
+  for (int64_t d = layout.dims - 1; d >= 0; --d) {
     std::vector<int64_t> longer;
-    longer.reserve(offsets.size() * params.size(d));
+    longer.reserve(offsets.size() * layout.sizes[d]);
     for (const int64_t offset : offsets) {
-      for (const auto i : c10::irange(params.size(d))) {
-        longer.push_back(offset + i * params.stride(d));
+      for (const auto i : c10::irange(layout.sizes[d])) {
+        longer.push_back(offset + i * layout.strides[d]);
       }
     }
     offsets = std::move(longer);
@@ -588,12 +571,13 @@ constexpr int64_t kMaxSliceOffsets = int64_t{1} << 20;
 void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
                      const NdIndexGeometry& g, bool check_bounds) {
   const int64_t slice = g.slice_size;
-  const bool dense_slice = slice_is_dense(params, g.depth);
-  if (!dense_slice && slice > kMaxSliceOffsets) {
+  const SliceLayout layout = slice_layout(params, g.depth);
+  const bool dense_slice = layout.dense();
+  if (!dense_slice && (!layout.fits || slice > kMaxSliceOffsets)) {
     gather_into_cpu(output, params.contiguous(), indices, g, check_bounds);
     return;
   }
-  const std::vector<int64_t> offsets = dense_slice ? std::vector<int64_t>{} : slice_offsets(params, g.depth);
+  const std::vector<int64_t> offsets = dense_slice ? std::vector<int64_t>{} : slice_offsets(layout);
   NdIndexGeometry in_params = g;
   for (const auto j : c10::irange(g.depth)) {
     in_params.slot_strides[j] = params.stride(j);

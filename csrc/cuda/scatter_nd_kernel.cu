@@ -183,11 +183,13 @@ __device__ inline int64_t divide(int64_t a, int64_t b) {
   return a / b;
 }
 
-// Where element t of the [rows, slice] update (or gather) space lands in the
-// [slots, slice] tensor: its flat offset there, or -1 when its index row is
-// out of bounds (then noted once per row, by the row's first element).
-template <typename index_t>
-__device__ int64_t element_offset(const NdIndexGeometry& g, const index_t* indices, int64_t t, int64_t* first_bad) {
+// Where element t of the [rows, slice] update (or gather) space lands:
+// place(slot, column), from its row's slot and its place in the slice, or -1
+// when its index row is out of bounds (then noted once per row, by the row's
+// first element).
+template <typename index_t, typename Place>
+__device__ int64_t element_offset(const NdIndexGeometry& g, const index_t* indices, int64_t t, int64_t* first_bad,
+                                  const Place& place) {
   const int64_t row = divide(t, g.slice_size);
   const int64_t column = t - row * g.slice_size;
   const int64_t slot = slot_of(g, indices + row * g.depth);
@@ -197,7 +199,7 @@ __device__ int64_t element_offset(const NdIndexGeometry& g, const index_t* indic
     }
     return -1;
   }
-  return slot * g.slice_size + column;
+  return place(slot, column);
 }
 
 // One thread per update element: apply(offset, update) for each whose index
@@ -206,7 +208,9 @@ template <typename scalar_t, typename index_t, typename Apply>
 __global__ void for_each_update_kernel(NdIndexGeometry g, const index_t* indices, const scalar_t* updates,
                                        int64_t total, int64_t* first_bad, Apply apply) {
   GRID_STRIDE_LOOP(t, total) {
-    const int64_t offset = element_offset(g, indices, t, first_bad);
+    // The flat offset in the [slots, slice] output.
+    const int64_t offset = element_offset(g, indices, t, first_bad,
+                                          [&](int64_t slot, int64_t column) { return slot * g.slice_size + column; });
     if (offset >= 0) {
       apply(offset, updates[t]);
     }
@@ -686,23 +690,50 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
   return output;
 }
 
-// One thread per output element; rows out of bounds read as zeros.
-template <typename T, typename index_t>
-__global__ void gather_kernel(NdIndexGeometry g, const index_t* indices, const T* params, T* out, int64_t total,
-                              int64_t* first_bad) {
+// The offset from a gathered slice's first element of its element `column`,
+// the slice not dense: its kept dimensions taken innermost first.
+__device__ inline int64_t column_offset(const SliceLayout& layout, int64_t column) {
+  int64_t offset = 0;
+  for (int64_t d = 0; d + 1 < layout.dims; ++d) {
+    const int64_t outer = divide(column, layout.sizes[d]);
+    offset += (column - outer * layout.sizes[d]) * layout.strides[d];
+    column = outer;
+  }
+  return offset + column * layout.strides[layout.dims - 1];
+}
+
+// One thread per output element; rows out of bounds read as zeros. `in_params`
+// is the geometry with params' own strides as slot strides, so that a row's
+// slot is the offset of its slice's first element; a slice not dense is read
+// through `layout`.
+template <bool kDenseSlice, typename T, typename index_t>
+__global__ void gather_kernel(NdIndexGeometry in_params, SliceLayout layout, const index_t* indices, const T* params,
+                              T* out, int64_t total, int64_t* first_bad) {
   GRID_STRIDE_LOOP(t, total) {
-    const int64_t offset = element_offset(g, indices, t, first_bad);
+    const int64_t offset = element_offset(in_params, indices, t, first_bad, [&](int64_t first, int64_t column) {
+      return first + (kDenseSlice ? column : column_offset(layout, column));
+    });
     out[t] = offset >= 0 ? params[offset] : T{};
   }
 }
 
-void gather_into_cuda(at::Tensor& output, const at::Tensor& strided_params, const at::Tensor& indices,
+// Reads params in its own strides, so that a view or a broadcast (stride 0)
+// is not copied first; only a slice with more than kMaxSliceDims dimensions
+// that do not merge is read from a contiguous copy.
+void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
                       const NdIndexGeometry& g, bool check_bounds) {
   if (g.num_rows == 0) {
     return;
   }
-  // The kernel finds slot s's slice at element s * S.
-  const at::Tensor params = strided_params.contiguous();
+  const SliceLayout layout = slice_layout(params, g.depth);
+  if (!layout.fits) {
+    gather_into_cuda(output, params.contiguous(), indices, g, check_bounds);
+    return;
+  }
+  NdIndexGeometry in_params = g;
+  for (int64_t j = 0; j < g.depth; ++j) {
+    in_params.slot_strides[j] = params.stride(j);
+  }
   const c10::cuda::CUDAGuard guard(output.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const FirstBadRow first_bad(check_bounds, g, output.device(), stream);
@@ -716,10 +747,15 @@ void gather_into_cuda(at::Tensor& output, const at::Tensor& strided_params, cons
     }
     dispatch_by_element_size("gather_nd", params.element_size(), [&](auto tag) {
       using T = decltype(tag);
-      gather_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, index_data,
-                                                                static_cast<const T*>(params.const_data_ptr()),
-                                                                static_cast<T*>(output.mutable_data_ptr()), total,
-                                                                first_bad_ptr);
+      const T* params_data = static_cast<const T*>(params.const_data_ptr());
+      T* out_data = static_cast<T*>(output.mutable_data_ptr());
+      if (layout.dense()) {
+        gather_kernel<true><<<blocks_for(total), kThreads, 0, stream>>>(in_params, layout, index_data, params_data,
+                                                                        out_data, total, first_bad_ptr);
+      } else {
+        gather_kernel<false><<<blocks_for(total), kThreads, 0, stream>>>(in_params, layout, index_data, params_data,
+                                                                         out_data, total, first_bad_ptr);
+      }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
