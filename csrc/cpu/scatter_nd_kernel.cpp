@@ -53,6 +53,8 @@ constexpr int64_t kPrefetchRows = 32;
 constexpr int64_t kSumColumns = 1024;
 constexpr int64_t kPrefetchSlices = 8;
 constexpr int64_t kPrefetchRowBytes = 512;
+// Gathers prefetch their sources from params this large on.
+constexpr int64_t kPrefetchFromBytes = int64_t{1} << 20;
 
 // Prefetch of the cache line holding `address`, for reading (0) or writing (1).
 template <int kForWrite>
@@ -591,8 +593,9 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
       const T* src = static_cast<const T*>(params.const_data_ptr());
       T* dst = static_cast<T*>(output.mutable_data_ptr());
       const int64_t grain = std::max<int64_t>(1, kSerialWork / std::max<int64_t>(slice, 1));
-      const auto gather_rows = [&](auto depth_one, int64_t begin, int64_t end) {
+      const auto gather_rows = [&](auto depth_one, auto prefetching, int64_t begin, int64_t end) {
         constexpr bool kDepthOne = decltype(depth_one)::value;
+        constexpr bool kPrefetching = decltype(prefetching)::value;
         // The offset in params of row n's first element, or -1 when the row
         // is out of bounds (slot_of at depth one gives the index itself).
         const auto first_element = [&](int64_t n) {
@@ -602,9 +605,11 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
         for (int64_t n = begin; n < end; ++n) {
           // The sources are cache misses the indices announce early: prefetch
           // a few rows ahead.
-          const int64_t ahead = first_element(std::min(n + kPrefetchRows, end - 1));
-          prefetch_row(src + std::max<int64_t>(ahead, 0),
-                       (dense_slice ? slice : 1) * static_cast<int64_t>(sizeof(T)));
+          if constexpr (kPrefetching) {
+            const int64_t ahead = first_element(std::min(n + kPrefetchRows, end - 1));
+            prefetch_row(src + std::max<int64_t>(ahead, 0),
+                         (dense_slice ? slice : 1) * static_cast<int64_t>(sizeof(T)));
+          }
           const int64_t first = first_element(n);
           T* row = dst + n * slice;
           if (first < 0) {
@@ -621,11 +626,21 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
           }
         }
       };
+      // A params small enough to stay in cache is read without prefetching:
+      // finding the row ahead would cost more than the misses it saves.
+      const bool prefetching = params.numel() > kPrefetchFromBytes / params.element_size();
       at::parallel_for(0, g.num_rows, grain, [&](int64_t begin, int64_t end) {
+        const auto with_depth = [&](auto depth_one) {
+          if (prefetching) {
+            gather_rows(depth_one, std::true_type{}, begin, end);
+          } else {
+            gather_rows(depth_one, std::false_type{}, begin, end);
+          }
+        };
         if (g.depth == 1) {
-          gather_rows(std::true_type{}, begin, end);
+          with_depth(std::true_type{});
         } else {
-          gather_rows(std::false_type{}, begin, end);
+          with_depth(std::false_type{});
         }
       });
     });
