@@ -76,7 +76,8 @@ def _scatter_cases(device, n, rows, width, dtype, gen):
 def _gather_case(device, n, width, dtype, gen, transposed=False):
     """Gathers n / width random slots of `width` elements; `transposed`: from
     params stored as its transpose (each slice's elements n / width apart),
-    which both sides read in place."""
+    which torch and NumPy read in place. No JAX side there: JAX arrays are
+    row-major, so it would gather from a contiguous copy, another task."""
     slots = n // width
     if transposed:
         params = torch.randn([width, slots], generator=gen).to(dtype).to(device).t()
@@ -94,7 +95,8 @@ def _gather_case(device, n, width, dtype, gen, transposed=False):
 
     return Case("gather_nd", f"gather {kind} N={n:.0e} {str(dtype)[6:]}",
                 lambda: torch_masked.gather_nd(params, indices), lambda: params[idx], "params[idx]",
-                numpy=numpy_fn, jax=jax_peer.side(device, lambda p, idx: p[tuple(idx.T)], params, indices),
+                numpy=numpy_fn,
+                jax=None if transposed else jax_peer.side(device, lambda p, idx: p[tuple(idx.T)], params, indices),
                 bytes_moved=slots * 8 + 2 * n * params.element_size(),
                 size=n, series=f"gather {kind} {str(dtype)[6:]}")
 

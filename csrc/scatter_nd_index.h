@@ -89,8 +89,8 @@ inline NdIndexGeometry make_geometry(const char* op, const at::Tensor& indices, 
 }
 
 // The dimensions a slice of a gather's `params` may keep apart after
-// merging (which leaves one for a slice that is a view with every other
-// row or a transpose of a matrix); past that, params is copied first.
+// merging (a row of a transposed matrix keeps one); past that, params is
+// copied first.
 constexpr int64_t kMaxSliceDims = 6;
 
 // How a gathered slice params[i0, ..., iK-1] lies in memory, for gathers
