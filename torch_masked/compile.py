@@ -178,9 +178,8 @@ def _gather_nd_lowering(lowering):
 
     The gather is a pointwise node that reads each index row and loads its
     row of params; Inductor fuses it into the loop of what reads its result,
-    and what computes params into it (only the rows read). Its loads use
-    indices made safe (clamped into bounds, or, without check_bounds, a row
-    out of bounds sent to params' first row), so they skip Inductor's own
+    and what computes params into it (only the rows read). A row out of
+    bounds loads params' first row, so its loads skip Inductor's own
     wrap of negative indices and its bounds assert (which would raise a
     RuntimeError naming neither the op nor the row), and its loop does less
     than native ``x[idx]``'s. With check_bounds, whether a row is out of
@@ -239,20 +238,14 @@ def _gather_nd_lowering(lowering):
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
             row_entries = entries(row)
+            # A row out of bounds loads params' first row instead (there is
+            # one: see the declines above), by one select per entry on the
+            # row's sign, which the bounds check (or the zeroing of the
+            # value, without it) computes anyway.
             zero = ops.constant(0, torch.int64)
-            if check_bounds:
-                # Each entry clamped into its dimension (a select by the
-                # row's sign, as below, measured no faster here).
-                safe = [ops.maximum(ops.minimum(entry, ops.index_expr(size - 1, torch.int64)), zero)
-                        for entry, size in row_entries]
-            else:
-                # The row's sign zeroes its value anyway; the same mask sends
-                # its load to params' first row (there is one: see the
-                # declines above), one select per entry in place of a clamp.
-                in_bounds = ops.ge(row_signs(row_entries), zero)
-                safe = [ops.where(in_bounds, entry, zero) for entry, _ in row_entries]
-            where = [ops.indirect_indexing(entry, size, check=False, wrap_neg=False)
-                     for entry, (_, size) in zip(safe, row_entries)]
+            in_bounds = ops.ge(row_signs(row_entries), zero)
+            where = [ops.indirect_indexing(ops.where(in_bounds, entry, zero), size, check=False, wrap_neg=False)
+                     for entry, size in row_entries]
             value = load_params([*where, *within])
             return value if check_bounds else ops.where(in_bounds, value, ops.constant(0, dtype))
 
