@@ -142,6 +142,32 @@ def _layouts():
     return [("1d", (2,), 0), ("2x1", (2, 1), 0), ("1x2", (1, 2), 1)]
 
 
+def _distributed(full, mesh, placements, requires_grad=False):
+    """A DTensor on ``mesh`` with ``placements`` (one per mesh dimension)
+    whose full tensor is ``full``. Along a ``Partial`` mesh dimension each
+    rank holds a different piece, the pieces reducing to the full value."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+
+    plain = [Replicate() if isinstance(p, Partial) else p for p in placements]
+    result = distribute_tensor(full, mesh, plain)
+    if plain != list(placements):
+        local = result.to_local()
+        for mesh_dim, placement in enumerate(placements):
+            if not isinstance(placement, Partial):
+                continue
+            index = mesh.get_local_rank(mesh_dim)
+            if placement.reduce_op == "sum" and not (full.dtype.is_floating_point or full.dtype.is_complex):
+                local = (local // 2, local - local // 2)[index]
+            elif placement.reduce_op == "sum":
+                local = local * (0.25, 0.75)[index]
+            elif placement.reduce_op == "avg":
+                local = local * (0.5, 1.5)[index]
+            else:  # max
+                local = local - index
+        result = DTensor.from_local(local, mesh, placements, run_check=False, shape=full.shape, stride=full.stride())
+    return result.detach().requires_grad_(requires_grad)
+
+
 class _Placer:
     """Makes DTensors from full tensors, with a placement on the mesh
     dimension of size 2 (the others replicate)."""
@@ -157,23 +183,7 @@ class _Placer:
         return tuple(placement if dim == self.split_dim else self.Replicate() for dim in range(self.mesh.ndim))
 
     def __call__(self, full, placement, requires_grad=False):
-        from torch.distributed.tensor import DTensor, Partial, distribute_tensor
-
-        if isinstance(placement, Partial):
-            # Pieces that reduce to the full tensor, different on each rank.
-            index = self.mesh.get_local_rank(self.split_dim)
-            if placement.reduce_op == "sum" and not (full.dtype.is_floating_point or full.dtype.is_complex):
-                local = (full // 2, full - full // 2)[index]
-            elif placement.reduce_op == "sum":
-                local = full * (0.25, 0.75)[index]
-            elif placement.reduce_op == "avg":
-                local = full * (0.5, 1.5)[index]
-            else:  # max
-                local = full - index
-            result = DTensor.from_local(local, self.mesh, self.placements(placement), run_check=False)
-        else:
-            result = distribute_tensor(full, self.mesh, self.placements(placement))
-        return result.detach().requires_grad_(requires_grad)
+        return _distributed(full, self.mesh, self.placements(placement), requires_grad)
 
 
 def _dtensor_cases():
@@ -480,6 +490,119 @@ def dtensor_suite(rank, world_size):
             report[f"error_{name}"] = "no error"
         except Exception as error:  # noqa: BLE001 -- its words are checked
             report[f"error_{name}"] = None if words in str(error) else f"{type(error).__name__}: {error}"
+    return report
+
+
+# --------------------------------------------------------------------------
+# DTensor on a 2x2 mesh: every op with placements drawn for both mesh
+# dimensions, so that an input may be sharded twice, sharded on one and
+# Partial on the other, or Partial in one and replicated in the other.
+
+
+def _mesh_cases():
+    """(name -> (full inputs, the op, ATen's reference), the index tensors)."""
+    import torch
+
+    import torch_masked as tm
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.float64)
+
+    def index_put(base, indices, updates):
+        return base.index_put(tuple(indices.unbind(-1)), updates, accumulate=True)
+
+    def zeros(*shape):
+        return torch.zeros(*shape, dtype=torch.float64)
+
+    c, x, y = torch.rand(4, 6) > 0.4, rand(4, 6), rand(4, 6)
+    whole_x, whole_y = torch.randint(-50, 50, (4, 6)), torch.randint(-50, 50, (4, 6))
+    rows = torch.tensor([True, False, True, True])
+    row_indices, pair_indices = torch.tensor([[3], [0], [3], [1]]), torch.tensor([[3, 1], [0, 5], [3, 1], [1, 2]])
+    params, updates, pair_updates, base = rand(4, 6, 5), rand(4, 6, 5), rand(4, 5), rand(5, 6, 5)
+    deep, deep_mask = rand(2, 4, 5, 6), torch.rand(4, 5) > 0.4
+    cases = {
+        "where": ((c, x, y), tm.where, torch.where),
+        "where_integers": ((c, whole_x, whole_y), tm.where, torch.where),
+        "where_broadcast": ((c[:1], x, y[0]), tm.where, torch.where),
+        "where_number": ((c, x), lambda c_, x_: tm.where(c_, x_, 0.5), lambda c_, x_: torch.where(c_, x_, 0.5)),
+        "select_rows": ((rows, x, y), tm.select, lambda r, x_, y_: torch.where(r[:, None], x_, y_)),
+        "select_elementwise": ((c, x, y), tm.select, torch.where),
+        "gather_nd_rows": ((params, row_indices), tm.gather_nd, lambda p, i: p[i[:, 0]]),
+        "gather_nd_pairs": ((params, pair_indices), tm.gather_nd, lambda p, i: p[i[:, 0], i[:, 1]]),
+        "scatter_nd_rows": (
+            (row_indices, updates), lambda i, u: tm.scatter_nd(i, u, [5, 6, 5]),
+            lambda i, u: index_put(zeros(5, 6, 5), i, u)),
+        "scatter_nd_pairs": (
+            (pair_indices, pair_updates), lambda i, u: tm.scatter_nd(i, u, [4, 6, 5]),
+            lambda i, u: index_put(zeros(4, 6, 5), i, u)),
+        "tensor_scatter_nd_add": ((base, row_indices, updates), tm.tensor_scatter_nd_add, index_put),
+        "tensor_scatter_nd_add_integers": ((whole_x, row_indices, whole_y), tm.tensor_scatter_nd_add, index_put),
+        "boolean_mask": ((x, rows), tm.boolean_mask, lambda t, m: t[m]),
+        "boolean_mask_2d_mask": (
+            (deep, deep_mask), lambda t, m: tm.boolean_mask(t, m, axis=1), lambda t, m: t[:, m]),
+        "nonzero": ((c,), tm.nonzero, torch.nonzero),
+        "nonzero_static": (
+            (c,), lambda c_: tm.nonzero_static(c_, size=30), lambda c_: torch.nonzero_static(c_, size=30)),
+    }
+    return cases, (row_indices, pair_indices)
+
+
+def _draw_placements(generator, full, may_be_partial):
+    """Two placements, one per mesh dimension: replicated, sharded on any
+    dimension, or Partial, of one reduction for both."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    choices = [Replicate()] + [Shard(dim) for dim in range(full.ndim)]
+    if may_be_partial:
+        choices.append(generator.choice([Partial("sum"), Partial("max")] + [Partial("avg")] * full.dtype.is_floating_point))
+    return (generator.choice(choices), generator.choice(choices))
+
+
+def dtensor_mesh_2x2(rank, world_size, draws):
+    """Each case of ``_mesh_cases`` with ``draws`` drawings of placements,
+    the same on every rank, and a Partial sum beside a replicated mesh
+    dimension, which a rule for one mesh dimension can get wrong: None where
+    the values and the gradients of ``(out ** 2).sum()`` equal ATen's on the
+    full tensors, else what went wrong."""
+    import random
+
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2))
+    generator = random.Random(0)
+    torch.manual_seed(0)
+    cases, index_tensors = _mesh_cases()
+    report = {}
+    for name, (fulls, op, reference) in cases.items():
+        indices = [any(t is index for index in index_tensors) for t in fulls]
+        # Values may be Partial; indices and masks are not.
+        partial = [t.dtype != torch.bool and not index for t, index in zip(fulls, indices)]
+        drawn = [[_draw_placements(generator, t, p) for t, p in zip(fulls, partial)] for _ in range(draws)]
+        # Index rows sharded on the first mesh dimension invite the rule that
+        # makes the values there a Partial sum, which they are only on the second.
+        drawn.append([
+            (Shard(0), Replicate()) if index else (Replicate(), Partial() if p else Replicate())
+            for index, p in zip(indices, partial)
+        ])
+        for placements in drawn:
+            key = f"{name}{placements}"
+            try:
+                inputs = [_distributed(t, mesh, p, t.dtype.is_floating_point) for t, p in zip(fulls, placements)]
+                leaves = [t.detach().requires_grad_(t.dtype.is_floating_point) for t in fulls]
+                out, want = op(*inputs), reference(*leaves)
+                outs, wants = (out, want) if isinstance(out, (list, tuple)) else ([out], [want])
+                for got, expected in zip(outs, wants):
+                    torch.testing.assert_close(got.full_tensor(), expected, rtol=1e-12, atol=0)
+                if isinstance(out, DTensor) and out.dtype.is_floating_point:
+                    (out**2).sum().backward()
+                    (want**2).sum().backward()
+                    for got, leaf in zip(inputs, leaves):
+                        if leaf.requires_grad:
+                            torch.testing.assert_close(got.grad.full_tensor(), leaf.grad, rtol=1e-12, atol=0)
+                report[key] = None
+            except Exception as error:  # noqa: BLE001 -- reported by name
+                report[key] = f"{type(error).__name__}: {error}"
     return report
 
 

@@ -1,5 +1,5 @@
 """The ops on DTensors and under DistributedDataParallel, on two gloo
-processes (tests/distributed_ranks.py runs them).
+processes, and four for a 2x2 mesh (tests/distributed_ranks.py runs them).
 
 Each group of processes is started once and runs many cases; the tests read
 their reports. Marked ``cpu_kernel``: the processes load csrc/cpu's kernels,
@@ -116,3 +116,14 @@ REGISTERED = (
 def test_rules_registered_in_either_import_order(imports):
     env = dict(os.environ, **distributed_ranks.local_environment())
     subprocess.run([sys.executable, "-c", imports + REGISTERED], check=True, timeout=120, env=env)
+
+
+def test_dtensor_on_a_2x2_mesh(tmp_path):
+    """Every op on four ranks, each input's placements drawn for both mesh
+    dimensions (twice sharded, sharded and Partial, Partial and replicated):
+    values and gradients equal ATen's on the full tensors."""
+    reports = _reports(run_ranks(distributed_ranks.dtensor_mesh_2x2, 4, tmp_path, DTENSOR_TIMEOUT, 12))
+    assert all(report.keys() == reports[0].keys() for report in reports)
+    assert {key.partition("[")[0] for key in reports[0]} == distributed_ranks._mesh_cases()[0].keys()
+    failures = {name: next(r[name] for r in reports if r[name]) for name in reports[0] if any(r[name] for r in reports)}
+    assert failures == {}

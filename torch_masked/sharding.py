@@ -9,8 +9,10 @@ the output's placement is then. This module tells it, for every op:
   ``boolean_mask_backward``, ``nonzero_static``) get strategies through
   PyTorch's ``register_sharding``: lists of (output placement, input
   placements) for one mesh dimension, which DTensor expands over the mesh and
-  picks the cheapest of, redistributing inputs where it must. An all
-  ``Replicate`` strategy is always among them, so every case runs.
+  picks the cheapest of, redistributing inputs where it must (less the
+  expansions that would make a ``Partial`` sum by division: see
+  ``_sums_kept_exact``). An all ``Replicate`` strategy is always among
+  them, so every case runs.
 - ops whose output length depends on the data (``boolean_mask``,
   ``nonzero``, ``nonzero_tuple``) cannot go that way: DTensor learns the
   output's global shape by running the op on fake tensors without a shape
@@ -51,14 +53,33 @@ def _linear_partials(*specs):
     return [p for p in _partials(*specs) if p.reduce_op in ("sum", "avg")]
 
 
-def _becomes(spec, partial):
-    """Whether DTensor can turn the input ``spec`` into ``partial`` with its
-    values and dtype intact: it already is, or is made so by copying (avg,
-    max, min). A sum is taken only from inputs that are one already: DTensor
-    would make a replicated tensor one by dividing it by the number of
-    ranks, which rounds floats (on 3 ranks), flushes subnormals, and turns
-    integers into floats."""
-    return partial in spec.placements or partial.reduce_op != "sum"
+def _sums_kept_exact(expand):
+    """``expand``, DTensor's expansion of a strategy function over the mesh,
+    less the expansions that want an input as a ``Partial`` sum on a mesh
+    dimension where it is not one. DTensor would make it one by dividing it
+    by the number of ranks there, which rounds floats (on 3 ranks), flushes
+    subnormals to zero and turns integers into floats. Without them DTensor
+    reduces such an input first (the all-``Replicate`` expansion always
+    remains). The strategy functions speak of one mesh dimension and cannot
+    say this: on a 2-D mesh their ``Partial`` strategy is paired with every
+    placement on the other dimension."""
+    from torch.distributed.tensor import Partial
+
+    def strategy(op_schema):
+        found = expand(op_schema)
+        held = [arg.strategies[0].output_spec.placements for arg in op_schema.args_strategy + op_schema.kwargs_strategy]
+
+        def divides(candidate):
+            return any(
+                type(want) is Partial and want.reduce_op == "sum" and want != have
+                for spec, placements in zip(candidate.input_specs, held)
+                for want, have in zip(spec.placements, placements)
+            )
+
+        found.strategies = [candidate for candidate in found.strategies if not divides(candidate)]
+        return found
+
+    return strategy
 
 
 def _is_tensor(arg):
@@ -107,7 +128,7 @@ def _where_strategies(condition, x, y):
     # Picking is linear in x and y: with the condition replicated, the reduced
     # result of where(c, x_i, y_i) over ranks is where(c, reduce x_i, reduce y_i).
     for partial in _partials(x, y):
-        if all(_becomes(a, partial) if _is_tensor(a) else _keeps_number(partial, a) for a in (x, y)):
+        if all(_keeps_number(partial, a) for a in (x, y) if not _is_tensor(a)):
             strategies.append(([partial], [Replicate(), *(partial if _is_tensor(a) else None for a in (x, y))]))
     return strategies
 
@@ -125,8 +146,7 @@ def _select_strategies(condition, x, y):
             cond = Replicate()
         strategies.append(([Shard(dim)], [cond, Shard(dim), Shard(dim)]))
     for partial in _partials(x, y):
-        if _becomes(x, partial) and _becomes(y, partial):
-            strategies.append(([partial], [Replicate(), partial, partial]))
+        strategies.append(([partial], [Replicate(), partial, partial]))
     return strategies
 
 
@@ -170,12 +190,10 @@ def _scatter_strategies(tensor, indices, updates):
         # Update rows sharded with their indices: each rank adds its rows,
         # and the sum over ranks is the whole scatter (bool updates OR
         # together instead, which a sum of ranks does not give).
-        if not has_tensor or _becomes(tensor, Partial()):
-            for dim in range(batch):
-                strategies.append(entry(Partial(), Partial(), Shard(dim), Shard(dim)))
+        for dim in range(batch):
+            strategies.append(entry(Partial(), Partial(), Shard(dim), Shard(dim)))
         for partial in _linear_partials(tensor, updates):
-            if all(_becomes(spec, partial) for spec in (tensor, updates) if spec is not None):
-                strategies.append(entry(partial, partial, Replicate(), partial))
+            strategies.append(entry(partial, partial, Replicate(), partial))
     return strategies
 
 
@@ -323,10 +341,10 @@ def register():
         masked.boolean_mask_backward.default: _boolean_mask_backward_strategies,
         masked.nonzero_static.default: _nonzero_static_strategies,
     }
+    propagator = DTensor._op_dispatcher.sharding_propagator
     for op, strategy in strategies.items():
         register_sharding(op)(strategy)
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
+        propagator.op_strategy_funcs[op] = _sums_kept_exact(propagator.op_strategy_funcs[op])
     # register_sharding hashes a call's non-tensor arguments into DTensor's
     # cache of decisions only from the first int argument on; these decide
     # the strategy or the output's shape earlier: the number of where's
