@@ -367,6 +367,18 @@ def test_where_scalars_only(device):
         torch_masked.where(condition, 2**63, 1)  # as torch.where
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.float16], ids=str)
+def test_where_numpy_scalar_beside_a_tensor_is_the_python_number(dtype):
+    # torch.where takes a NumPy bool for a float (int32 with np.True_ gives
+    # float32 there); here it is a bool, as the Python bool is.
+    condition = random_condition((5,), "cpu")
+    x = make_tensor((5,), dtype, "cpu", generator=gen(1))
+    for number in (np.True_, np.int64(3), np.int8(-2), np.float32(2.5), np.float64(-1.5)):
+        expected = torch.where(condition, x, number.item())
+        assert_same(torch_masked.where(condition, x, number), expected)
+        assert_same(torch_masked.where(condition.flip(0), number, x), torch.where(condition.flip(0), number.item(), x))
+
+
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_where_scalars_only_follow_the_default_dtype():
     condition = random_condition((2,), "cpu")
