@@ -10,7 +10,8 @@ ops used the way models use them:
   (and its gradient) away from the zero vector of an empty sequence;
 - the loss is over the real tokens only: ``boolean_mask`` of the per-token loss.
 
-It trains under ``torch.compile(fullgraph=True)`` on the CPU in a few seconds:
+It trains under ``torch.compile(fullgraph=True)`` on the CPU in under half a
+minute, most of it compiling:
 
     python examples/train_masked.py
     torchrun --nproc-per-node 2 examples/train_masked.py --ddp   # DistributedDataParallel on gloo
