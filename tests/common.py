@@ -17,7 +17,7 @@ INTEGER_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64
 WIDE_UNSIGNED_DTYPES = [torch.uint16, torch.uint32, torch.uint64]
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 COMPLEX_DTYPES = [torch.complex64, torch.complex128]
-# The SPEC's dtypes: bool, the integer types, half, bfloat16, float, double, complex.
+# The dtypes every op takes (README, "What each op does"): bool, the integer types, half, bfloat16, float, double, complex.
 ALL_DTYPES = [torch.bool] + INTEGER_DTYPES + FLOAT_DTYPES + COMPLEX_DTYPES
 
 
