@@ -133,6 +133,17 @@ inline SliceLayout slice_layout(const at::Tensor& params, int64_t depth) {
   return layout;
 }
 
+// `g` with params' own strides for its slots, so that slot_of() gives the
+// offset, in elements of params, of the row's slice (and still -1 when the
+// row is out of bounds).
+inline NdIndexGeometry in_params_geometry(const NdIndexGeometry& g, const at::Tensor& params) {
+  NdIndexGeometry in_params = g;
+  for (int64_t j = 0; j < g.depth; ++j) {
+    in_params.slot_strides[j] = params.stride(j);
+  }
+  return in_params;
+}
+
 // indices.shape[:-1] + shape[K:]: the shape of the updates of a scatter and
 // of the result of a gather.
 inline std::vector<int64_t> rows_shape(const at::Tensor& indices, at::IntArrayRef shape) {

@@ -580,10 +580,7 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
     return;
   }
   const std::vector<int64_t> offsets = dense_slice ? std::vector<int64_t>{} : slice_offsets(layout);
-  NdIndexGeometry in_params = g;
-  for (const auto j : c10::irange(g.depth)) {
-    in_params.slot_strides[j] = params.stride(j);
-  }
+  const NdIndexGeometry in_params = in_params_geometry(g, params);
   advise_huge_pages(output);
   std::atomic<int64_t> first_bad{g.num_rows};
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "gather_nd", [&] {

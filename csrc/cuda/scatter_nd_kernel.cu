@@ -730,10 +730,7 @@ void gather_into_cuda(at::Tensor& output, const at::Tensor& params, const at::Te
     gather_into_cuda(output, params.contiguous(), indices, g, check_bounds);
     return;
   }
-  NdIndexGeometry in_params = g;
-  for (int64_t j = 0; j < g.depth; ++j) {
-    in_params.slot_strides[j] = params.stride(j);
-  }
+  const NdIndexGeometry in_params = in_params_geometry(g, params);
   const c10::cuda::CUDAGuard guard(output.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const FirstBadRow first_bad(check_bounds, g, output.device(), stream);
