@@ -530,6 +530,31 @@ def test_vmap_index_error_names_the_samples_index_row():
     torch.testing.assert_close(out, torch.stack([params[0, 1], torch.zeros((), dtype=F64), params[0, 0]])[:, None])
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compiled_vmap_checks_indices_as_eager(dynamic):
+    """torch.compile(vmap(...), fullgraph=True) of the checked index ops (per-
+    sample gradients among them): the values of eager vmap, and its IndexError."""
+    params, indices, updates = rand(3, 6, 5), torch.tensor([[[5], [0]], [[2], [2]], [[1], [4]]]), rand(3, 2, 5)
+    calls = {
+        "gather_nd": (vmap(torch_masked.gather_nd), (params, indices)),
+        "gather_nd_shared_indices": (vmap(torch_masked.gather_nd, in_dims=(0, None)), (params, indices[0])),
+        "per_sample_grad": (vmap(grad(lambda p, i: (torch_masked.gather_nd(p, i) ** 2).sum())), (params, indices)),
+        "scatter_nd": (vmap(lambda i, u: torch_masked.scatter_nd(i, u, [6, 5])), (indices, updates)),
+        "tensor_scatter_nd_add": (vmap(torch_masked.tensor_scatter_nd_add), (params, indices, updates)),
+    }
+    for name, (fn, args) in calls.items():
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+        torch.testing.assert_close(compiled(*args), fn(*args), rtol=0, atol=0, msg=name)
+        bad = [a.clone() for a in args]
+        index = next(a for a in bad if a.dtype == torch.int64)
+        index.view(-1)[-1] = 6
+        with pytest.raises(IndexError) as eager:
+            fn(*bad)
+        with pytest.raises(IndexError, match="^" + re.escape(str(eager.value)) + "$"):
+            compiled(*bad)
+
+
 def test_vmap_int32_indices_into_a_dimension_past_int32():
     """int32 indices are checked against sizes of 2**31 and more as in eager
     (zero-width slices: no memory behind the shapes)."""

@@ -31,6 +31,7 @@ Sections follow the ops' order: nonzero, where, select, boolean_mask,
 scatter_nd, gather_nd, tensor_scatter_nd_add.
 """
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -124,12 +125,19 @@ def _check_bounds(op, indices, dim, shape):
     shape; csrc/scatter_nd_index.h:raise_out_of_bounds), raised here because
     a batched call's own check would name the batched shape. Indices
     batched by enclosing vmaps too are checked here for all their samples,
-    since the calls made below skip the kernels' check. One host sync, as
-    the kernel's check has."""
+    since the calls made below skip the kernels' check."""
     if dim is not None:
         indices = indices.movedim(dim, 0)
     indices, batch_dims = _every_sample(indices)
-    batch_dims += dim is not None
+    _ops.check_indices_in_bounds(op, indices, shape, batch_dims + (dim is not None))
+
+
+@torch.library.custom_op("masked::check_indices_in_bounds", mutates_args=())
+def _check_indices_in_bounds(op: str, indices: torch.Tensor, shape: Sequence[int], batch_dims: int) -> None:
+    """_check_bounds' test of every sample's index rows, `indices` of shape
+    [*batch (batch_dims), *rows, K]. An op of its own, returning nothing (a
+    side effect that Inductor keeps): a compiled vmap then calls it, where
+    tracing its host read would fail. One host sync, as the kernel's check has."""
     depth = indices.shape[-1]
     if depth == 0 or indices.numel() == 0:
         return
@@ -148,6 +156,14 @@ def _check_bounds(op, indices, dim, shape):
         f"[{', '.join(map(str, index))}] at {where} ({index[bad_dim]} is out of range for dimension "
         f"{bad_dim} of size {shape[bad_dim]})"
     )
+
+
+@_check_indices_in_bounds.register_fake
+def _check_indices_in_bounds_fake(op, indices, shape, batch_dims):
+    return None
+
+
+torch.fx.node.has_side_effect(_ops.check_indices_in_bounds.default)
 
 
 def _to_branch(grad, shape, dtype):
