@@ -545,7 +545,8 @@ def test_compiled_vmap_checks_indices_as_eager(dynamic):
     for name, (fn, args) in calls.items():
         torch._dynamo.reset()
         compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-        torch.testing.assert_close(compiled(*args), fn(*args), rtol=0, atol=0, msg=name)
+        # Not to the bit: on CUDA, duplicate indices add in any order.
+        torch.testing.assert_close(compiled(*args), fn(*args), msg=name)
         bad = [a.clone() for a in args]
         index = next(a for a in bad if a.dtype == torch.int64)
         index.view(-1)[-1] = 6
