@@ -938,6 +938,9 @@ def sample_inputs(device, requires_grad):
         (ops.tensor_scatter_nd_add.default, (floats(4, 3), ints(3, 6, 2), floats(6)), {}),
         (ops.check_gather_nd_indices.default, (ints(4, 5, 2), [4, 4, 3], torch.tensor(False, device=device)), {}),
         (ops.check_gather_nd_indices.default, (ints(3, 2, 1, dtype=torch.int32), [3], torch.tensor(False, device=device)), {}),
+        # vmap's check of every sample's index rows (torch_masked/transforms.py).
+        (ops.check_indices_in_bounds.default, ("gather_nd", ints(4, 3, 5, 2), [4, 4, 3], 1), {}),
+        (ops.check_indices_in_bounds.default, ("scatter_nd", ints(3, 2, 1, dtype=torch.int32), [3], 0), {}),
     ] + ([] if requires_grad else [  # the in-place form refuses tensors that require grad
         (ops.tensor_scatter_nd_add_.default, (floats(4, 3), ints(4, 5, 1), floats(5, 3)), {}),
         (ops.tensor_scatter_nd_add_.default, (floats(4, 3), ints(3, 6, 2), floats(6)), {"check_bounds": False}),
