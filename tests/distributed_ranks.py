@@ -186,6 +186,11 @@ class _Placer:
         return _distributed(full, self.mesh, self.placements(placement), requires_grad)
 
 
+def _scatter_reference(base, indices, updates):
+    """ATen's scatter-add of ``updates`` into ``base`` at ``indices`` (last dimension K)."""
+    return base.index_put(tuple(indices.unbind(-1)), updates, accumulate=True)
+
+
 def _dtensor_cases():
     """name -> function(place) returning (result, reference, expected placement,
     None where any placement is right: the point is then the value)."""
@@ -274,52 +279,49 @@ def _dtensor_cases():
     cases["gather_nd_sharded_indexed_dim"] = lambda p: (
         tm.gather_nd(p(params, Shard(0)), p(indices, Replicate())), params[indices[:, 0]], Replicate())
 
-    def scatter_reference(base, idx, upd):
-        return base.index_put((idx[:, 0],), upd, accumulate=True)
-
     zeros = torch.zeros(5, 6, dtype=torch.float64)
     cases["scatter_nd_slices"] = lambda p: (
         tm.scatter_nd(p(indices, Replicate()), p(updates, Shard(1)), [5, 6]),
-        scatter_reference(zeros, indices, updates), Shard(1))
+        _scatter_reference(zeros, indices, updates), Shard(1))
     # The same arguments but the shape: DTensor's cache of decisions must tell them apart.
     cases["scatter_nd_slices_other_shape"] = lambda p: (
         tm.scatter_nd(p(indices, Replicate()), p(updates, Shard(1)), [7, 6]),
-        scatter_reference(torch.zeros(7, 6, dtype=torch.float64), indices, updates), Shard(1))
+        _scatter_reference(torch.zeros(7, 6, dtype=torch.float64), indices, updates), Shard(1))
     # Indices that must be replicated first, and a shape to make local.
     pair_indices, pair_updates = torch.tensor([[4, 1], [0, 2], [4, 1]]), rand(3, 6)
     cases["scatter_nd_slices_indices_sharded"] = lambda p: (
         tm.scatter_nd(p(pair_indices, Shard(1)), p(pair_updates, Shard(1)), [5, 3, 6]),
-        torch.zeros(5, 3, 6, dtype=torch.float64).index_put(tuple(pair_indices.T), pair_updates, accumulate=True),
+        _scatter_reference(torch.zeros(5, 3, 6, dtype=torch.float64), pair_indices, pair_updates),
         Shard(2))
     row_indices, row_updates = torch.tensor([[3], [0], [3], [1]]), rand(4, 6)
     # Each rank scatters its rows; the sum over ranks is the whole scatter.
     cases["scatter_nd_rows"] = lambda p: (
         tm.scatter_nd(p(row_indices, Shard(0)), p(row_updates, Shard(0)), [5, 6]),
-        scatter_reference(zeros, row_indices, row_updates), Partial())
+        _scatter_reference(zeros, row_indices, row_updates), Partial())
     cases["scatter_nd_partial"] = lambda p: (
         tm.scatter_nd(p(indices, Replicate()), p(updates, Partial()), [5, 6]),
-        scatter_reference(zeros, indices, updates), Partial())
+        _scatter_reference(zeros, indices, updates), Partial())
     bool_updates = torch.tensor([[True, False], [False, False], [True, True], [False, True]])
     bool_indices = torch.tensor([[1], [0], [1], [2]])
     cases["scatter_nd_bool_rows"] = lambda p: (
         tm.scatter_nd(p(bool_indices, Shard(0)), p(bool_updates, Shard(0)), [3, 2]),
-        torch.zeros(3, 2, dtype=torch.bool).index_put((bool_indices[:, 0],), bool_updates, accumulate=True),
+        _scatter_reference(torch.zeros(3, 2, dtype=torch.bool), bool_indices, bool_updates),
         Replicate())
     base = rand(5, 6)
     cases["tensor_scatter_nd_add_slices"] = lambda p: (
         tm.tensor_scatter_nd_add(p(base, Shard(1)), p(indices, Replicate()), p(updates, Shard(1))),
-        scatter_reference(base, indices, updates), Shard(1))
+        _scatter_reference(base, indices, updates), Shard(1))
     cases["tensor_scatter_nd_add_rows"] = lambda p: (
         tm.tensor_scatter_nd_add(p(base, Partial()), p(indices, Shard(0)), p(updates, Shard(0))),
-        scatter_reference(base, indices, updates), Partial())
+        _scatter_reference(base, indices, updates), Partial())
     tiny_base = torch.full((5, 6), 4.9e-324, dtype=torch.float64)
     cases["tensor_scatter_nd_add_rows_replicated_base"] = lambda p: (
         tm.tensor_scatter_nd_add(p(tiny_base, Replicate()), p(indices, Shard(0)), p(updates, Shard(0))),
-        scatter_reference(tiny_base, indices, updates), None)
+        _scatter_reference(tiny_base, indices, updates), None)
     whole_base, whole_updates = torch.randint(-50, 50, (5, 6)), torch.randint(-50, 50, (3, 6))
     cases["tensor_scatter_nd_add_rows_integers"] = lambda p: (
         tm.tensor_scatter_nd_add(p(whole_base, Replicate()), p(indices, Shard(0)), p(whole_updates, Shard(0))),
-        scatter_reference(whole_base, indices, whole_updates), None)
+        _scatter_reference(whole_base, indices, whole_updates), None)
 
     cases["boolean_mask_after"] = lambda p: (
         tm.boolean_mask(p(x, Shard(1)), p(rows, Replicate())), x[rows], Shard(1))
@@ -508,9 +510,6 @@ def _mesh_cases():
     def rand(*shape):
         return torch.randn(*shape, dtype=torch.float64)
 
-    def index_put(base, indices, updates):
-        return base.index_put(tuple(indices.unbind(-1)), updates, accumulate=True)
-
     def zeros(*shape):
         return torch.zeros(*shape, dtype=torch.float64)
 
@@ -531,12 +530,12 @@ def _mesh_cases():
         "gather_nd_pairs": ((params, pair_indices), tm.gather_nd, lambda p, i: p[i[:, 0], i[:, 1]]),
         "scatter_nd_rows": (
             (row_indices, updates), lambda i, u: tm.scatter_nd(i, u, [5, 6, 5]),
-            lambda i, u: index_put(zeros(5, 6, 5), i, u)),
+            lambda i, u: _scatter_reference(zeros(5, 6, 5), i, u)),
         "scatter_nd_pairs": (
             (pair_indices, pair_updates), lambda i, u: tm.scatter_nd(i, u, [4, 6, 5]),
-            lambda i, u: index_put(zeros(4, 6, 5), i, u)),
-        "tensor_scatter_nd_add": ((base, row_indices, updates), tm.tensor_scatter_nd_add, index_put),
-        "tensor_scatter_nd_add_integers": ((whole_x, row_indices, whole_y), tm.tensor_scatter_nd_add, index_put),
+            lambda i, u: _scatter_reference(zeros(4, 6, 5), i, u)),
+        "tensor_scatter_nd_add": ((base, row_indices, updates), tm.tensor_scatter_nd_add, _scatter_reference),
+        "tensor_scatter_nd_add_integers": ((whole_x, row_indices, whole_y), tm.tensor_scatter_nd_add, _scatter_reference),
         "boolean_mask": ((x, rows), tm.boolean_mask, lambda t, m: t[m]),
         "boolean_mask_2d_mask": (
             (deep, deep_mask), lambda t, m: tm.boolean_mask(t, m, axis=1), lambda t, m: t[:, m]),
