@@ -101,6 +101,10 @@ def _native_gather_nd(x, indices):
     return (x[indices[:, 0]] * 2 + 1).sum()
 
 
+def _native_gather_nd_pairs(x, indices):
+    return (x[indices[:, 0], indices[:, 1]] * 2 + 1).sum()
+
+
 def _gather_nd_unchecked(x, indices):
     return (torch_masked.gather_nd(x, indices, check_bounds=False) * 2 + 1).sum()
 
@@ -154,6 +158,9 @@ def _chains(device, sizes):
         y = torch.randn(n, generator=gen).to(device)
         # Indices of a tenth of the elements, drawn with repeats.
         indices = torch.randint(n, (n // 10, 1), generator=gen).to(device)
+        # The same elements as (row, column) pairs of x viewed as a matrix.
+        width = 1000
+        pairs = torch.cat([indices // width, indices % width], dim=1)
         rows = n // ROWS_OF
         x_rows, y_rows = x[: rows * ROWS_OF].view(rows, ROWS_OF), y[: rows * ROWS_OF].view(rows, ROWS_OF)
         yield ("where", "(where(c, x*2, y+1)*3).sum()", n, _where_same_shape, _native_where_same_shape,
@@ -163,6 +170,8 @@ def _chains(device, sizes):
                (c[:rows], x_rows, y_rows))
         yield ("gather_nd", "(gather_nd(x, idx)*2+1).sum(), n/10 indices", n, _gather_nd, _native_gather_nd,
                "x[idx[:, 0]]", (x, indices))
+        yield ("gather_nd pairs", f"(gather_nd(x, idx)*2+1).sum(), x of n/{width} x {width}, n/10 index pairs", n,
+               _gather_nd, _native_gather_nd_pairs, "x[idx[:, 0], idx[:, 1]]", (x.view(-1, width), pairs))
         # The fused gather alone: without the bounds check's call after the
         # loop, which the row above pays for its IndexError.
         yield ("gather_nd unchecked", "(gather_nd(x, idx, check_bounds=False)*2+1).sum(), n/10 indices", n,
