@@ -389,7 +389,9 @@ def main():
     finally:
         # Writing what was measured is not cut short in turn.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        command = "python benchmarks/report.py --device " + args.device + (" --quick" if args.quick else "")
+        # The command as run, JAX's exclusion included, so that the report says how to take it again.
+        command = "BENCH_JAX=0 " if os.environ.get("BENCH_JAX") == "0" else ""
+        command += "python benchmarks/report.py --device " + args.device + (" --quick" if args.quick else "")
         if args.ops != ",".join(OPS):
             command += f" --ops {args.ops}"
         if args.threads:
