@@ -535,7 +535,8 @@ def _mesh_cases():
             (pair_indices, pair_updates), lambda i, u: tm.scatter_nd(i, u, [4, 6, 5]),
             lambda i, u: _scatter_reference(zeros(4, 6, 5), i, u)),
         "tensor_scatter_nd_add": ((base, row_indices, updates), tm.tensor_scatter_nd_add, _scatter_reference),
-        "tensor_scatter_nd_add_integers": ((whole_x, row_indices, whole_y), tm.tensor_scatter_nd_add, _scatter_reference),
+        "tensor_scatter_nd_add_integers": (
+            (whole_x, row_indices, whole_y), tm.tensor_scatter_nd_add, _scatter_reference),
         "boolean_mask": ((x, rows), tm.boolean_mask, lambda t, m: t[m]),
         "boolean_mask_2d_mask": (
             (deep, deep_mask), lambda t, m: tm.boolean_mask(t, m, axis=1), lambda t, m: t[:, m]),
@@ -553,7 +554,8 @@ def _draw_placements(generator, full, may_be_partial):
 
     choices = [Replicate()] + [Shard(dim) for dim in range(full.ndim)]
     if may_be_partial:
-        choices.append(generator.choice([Partial("sum"), Partial("max")] + [Partial("avg")] * full.dtype.is_floating_point))
+        partials = [Partial("sum"), Partial("max")] + [Partial("avg")] * full.dtype.is_floating_point
+        choices.append(generator.choice(partials))
     return (generator.choice(choices), generator.choice(choices))
 
 
