@@ -37,6 +37,10 @@
 #             it (rows.json is rewritten after each, and the report written
 #             when cut short), then the goals table; RESULTS.md and
 #             plots/cuda/ are copied to $OUT.
+# A run split over several calls (one call may run 10 minutes) is put into
+# one report afterwards: each call's $OUT/rows.json carries its run record,
+# and `python benchmarks/report.py --device cuda --from-json a.json b.json`
+# writes the GPU section from them.
 # A wheel folder .whl/ (e.g. expecttest, absent on some GPU images) is
 # installed first if present, its console scripts put on PATH.
 set -uo pipefail
@@ -106,9 +110,12 @@ if [[ " $STEPS " != *" bench "* ]]; then
 fi
 
 # JAX is the benchmarks' GPU peer where it can share the GPU with torch in
-# one process; otherwise the rows go without it.
-if ! timeout 120 python3 -c "import torch; torch.ones(1, device='cuda')
-import jax, jax.numpy as jnp; jax.block_until_ready(jnp.ones(1, device=jax.devices('gpu')[0]) + 1)" \
+# one process and take its tensors as the benchmarks hand them over;
+# otherwise the rows go without it.
+if ! (cd benchmarks && timeout 120 python3 -c "import torch, jax_peer
+run = jax_peer.side('cuda', lambda a: a + 1, torch.ones(4, device='cuda'))
+assert run is not None, 'JAX has no GPU here'
+run()") \
     > "$OUT/jax_check.log" 2>&1; then
   export BENCH_JAX=0
   echo "benchmarks without JAX: $(tail -1 "$OUT/jax_check.log")"

@@ -47,6 +47,13 @@ def side(torch_device, fn, *args, jit=True):
     if where is None:
         return None
     fn = jax.jit(fn) if jit else fn
-    args = [jax.dlpack.from_dlpack(a.detach().contiguous(), device=where, copy=True)
-            if isinstance(a, torch.Tensor) else a for a in args]
+    args = [_copy(a, where) if isinstance(a, torch.Tensor) else a for a in args]
     return lambda: jax.block_until_ready(fn(*args))
+
+
+def _copy(tensor, where):
+    """A copy of tensor that JAX owns, on `where`. Imported without a copy
+    first, the one import the GPU's PJRT plugin supports (asked for a copy,
+    it refuses), then copied by JAX on its device."""
+    shared = jax.dlpack.from_dlpack(tensor.detach().contiguous())
+    return jax.device_put(shared, where, may_alias=False)

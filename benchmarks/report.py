@@ -3,6 +3,8 @@ against, tables and plots, in one command.
 
     python benchmarks/report.py [--device cpu|cuda] [--ops nonzero,...] [--quick] [--out benchmarks/RESULTS.md]
 
+    python benchmarks/report.py --device cuda --from-json first.json second.json
+
 It first measures the memory-copy bandwidth of this device (a large float32
 copy into a reused output, and into a fresh one), then runs the cases of
 every module in run.py's OPS through the harness (ours, native, NumPy and,
@@ -17,11 +19,15 @@ where installed, JAX taking turns), and writes:
   GB/s against the copy bandwidth;
 - the rows as JSON for goals.py (--json; plots/<device>/rows.json unless told).
 A case that raises is reported as failed and the command exits with 1 after
-writing the report.
+writing the report. With --from-json it measures nothing: it writes the
+section, plots and JSON again from the rows and run records that earlier
+runs saved, in the order given (the calls of a GPU run split by a time
+limit, say); the section names each run.
 """
 import argparse
 import datetime
 import importlib
+import json
 import math
 import os
 import platform
@@ -40,7 +46,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import goals  # noqa: E402
 import jax_peer  # noqa: E402
-from harness import fmt, fmt_ms, has_jax, print_table, run_case, time_interleaved  # noqa: E402
+from harness import Case, Row, fmt, fmt_ms, has_jax, print_table, run_case, time_interleaved  # noqa: E402
 from run import OPS, write_json  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "RESULTS.md")
@@ -295,23 +301,51 @@ def load_pyplot():
 # -- the report ---------------------------------------------------------------
 
 
-def device_section(device, rows, failures, copies, copy_numel, plots, plot_dir, out_dir, title, seconds, command,
-                   load):
-    copy_reused, copy_fresh = copies
-    heading = "GPU" if device == "cuda" else "CPU"
+def run_record(device, command, seconds, copies, copy_numel, load):
+    """What the report says of the run that measured its rows, kept in the
+    JSON beside them, so that a section can be written again from saved runs
+    (--from-json)."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"machine": machine(device), "when": when, "torch": torch.__version__, "numpy": np.__version__,
+            "jax": jax_peer.jax.__version__ if jax_peer.jax is not None else None, "command": command,
+            "seconds": round(seconds), "copies": list(copies), "copy_numel": copy_numel,
+            # The load average at the start and the end, and the threads it is read against.
+            "load": [load[0], os.getloadavg()[0], torch.get_num_threads()] if device == "cpu" else None}
+
+
+def describe_run(run, with_jax):
+    """One run as the section's line: when, versions, command, time, load."""
+    line = (f"{run['when']}; torch {run['torch']}, NumPy {run['numpy']}"
+            + (f", JAX {run['jax']}" if with_jax and run["jax"] else "") + f"; `{run['command']}`, {run['seconds']} s")
+    if run["load"] is None:
+        return line + "."
+    start, end, threads = run["load"]
+    busy = max(start, end) > threads
+    return line + (f"; load average {start:.1f} at the start, {end:.1f} at the end"
+                   + (" (above the thread count: other processes shared the cores, and the times are less sure)."
+                      if busy else "."))
+
+
+def device_section(device, rows, failures, runs, plots, plot_dir, out_dir):
+    """The report's section for a device: rows measured by one run, or by
+    several (--from-json), each of which the section names; the copy
+    bandwidth is the first run's."""
+    heading = "GPU" if device == "cuda" else "CPU"
+    with_jax = has_jax(rows)
+    if len(runs) == 1:
+        when = [describe_run(runs[0], with_jax)]
+    else:
+        when = [f"Rows from {len(runs)} runs on this machine, in this order:", ""] + [
+            f"- {describe_run(run, with_jax)}" for run in runs] + [""]
+    copy_reused, copy_fresh = runs[0]["copies"]
     parts = [
-        f"## {heading}: {machine(device)}",
+        f"## {heading}: {runs[0]['machine']}",
         "",
-        f"{when}; torch {torch.__version__}, NumPy {np.__version__}"
-        + (f", JAX {jax_peer.jax.__version__}" if has_jax(rows) else "") + f"; `{command}`, {seconds:.0f} s"
-        + (f"; load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
-           + (" (above the thread count: other processes shared the cores, and the times are less sure)."
-              if max(load[0], os.getloadavg()[0]) > torch.get_num_threads() else ".") if device == "cpu" else "."),
-        f"Copy bandwidth (read + write, {copy_numel:.0e} float32, median): **{copy_reused / 1e9:.1f} GB/s** into a "
-        f"reused output, {copy_fresh / 1e9:.1f} GB/s into a fresh one. Shares (`of copy`) and floors (the bytes a "
-        f"perfect kernel moves at that speed) are read against the reused figure (rows whose data fit in the caches "
-        f"can pass it); every benchmark row allocates its outputs afresh.",
+        *when,
+        f"Copy bandwidth (read + write, {runs[0]['copy_numel']:.0e} float32, median): "
+        f"**{copy_reused / 1e9:.1f} GB/s** into a reused output, {copy_fresh / 1e9:.1f} GB/s into a fresh one. "
+        f"Shares (`of copy`) and floors (the bytes a perfect kernel moves at that speed) are read against the reused "
+        f"figure (rows whose data fit in the caches can pass it); every benchmark row allocates its outputs afresh.",
         "",
         f"Ratios below 1: ours is faster. `ours / fastest` is against the fastest of {peer_names(rows)} "
         "(bold where a peer is faster).",
@@ -353,6 +387,19 @@ def merge(out, device, section):
     return HEADER + "".join(f"\n{kept[d]}\n" for d in ("cpu", "cuda") if d in kept)
 
 
+def rows_from_json(path):
+    """The rows and run records that a report saved (its --json): rows as
+    measured, without their callables."""
+    with open(path) as f:
+        saved = json.load(f)
+    rows = [Row(Case(r["op"], r["case"], None, None, r["native"], bytes_moved=r["bytes_moved"], size=r["size"],
+                     series=r["series"]), r["ours_s"], r["native_s"], r["numpy_s"], r["jax_s"])
+            for r in saved["rows"]]
+    if not saved.get("runs"):
+        raise SystemExit(f"report: {path} holds no run record (it was not written by report.py)")
+    return saved, rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -362,6 +409,9 @@ def main():
     parser.add_argument("--plots", help="folder for the PNGs (default: plots/<device> beside --out)")
     parser.add_argument("--json", help="the rows, for goals.py (default: rows.json in the plots folder)")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own choice)")
+    parser.add_argument("--from-json", nargs="+", metavar="ROWS_JSON",
+                        help="measure nothing: write the section from the rows that earlier runs saved (--json), "
+                             "in the order given, e.g. the calls of a GPU run split by a time limit")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -371,11 +421,21 @@ def main():
     plot_dir = os.path.abspath(args.plots or os.path.join(os.path.dirname(out), "plots", args.device))
     os.makedirs(plot_dir, exist_ok=True)
     json_path = args.json or os.path.join(plot_dir, "rows.json")
-    title = f"torch_masked benchmarks on {args.device} ({machine(args.device)}), torch {torch.__version__}"
     plots = load_pyplot()
     if plots is None:
         print("report: matplotlib is not installed; the report will have no plots", file=sys.stderr)
+    if args.from_json:
+        rows, runs = [], []
+        for path in args.from_json:
+            saved, saved_rows = rows_from_json(path)
+            if saved["device"] != args.device:
+                raise SystemExit(f"report: {path} holds rows of {saved['device']}, not {args.device}")
+            rows += saved_rows
+            runs += saved["runs"]
+        write_sections(out, args.device, rows, [], runs, plots, plot_dir, json_path, saved["title"])
+        return
 
+    title = f"torch_masked benchmarks on {args.device} ({machine(args.device)}), torch {torch.__version__}"
     copies, copy_numel = copy_bandwidth(args.device, args.quick)
     print(f"report: copy bandwidth {copies[0] / 1e9:.1f} GB/s (reused output), {copies[1] / 1e9:.1f} GB/s (fresh)",
           file=sys.stderr, flush=True)
@@ -396,14 +456,21 @@ def main():
             command += f" --ops {args.ops}"
         if args.threads:
             command += f" --threads {args.threads}"
-        section = device_section(args.device, rows, failures, copies, copy_numel, plots, plot_dir,
-                                 os.path.dirname(out), title, time.perf_counter() - start, command, load)
-        text = merge(out, args.device, section)
-        with open(out, "w") as f:
-            f.write(text)
-        print_table(rows, title)
-        print(f"report: {len(rows)} rows, {len(failures)} failures -> {out}", file=sys.stderr)
+        run = run_record(args.device, command, time.perf_counter() - start, copies, copy_numel, load)
+        write_sections(out, args.device, rows, failures, [run], plots, plot_dir, json_path, title)
     sys.exit(1 if failures else 0)
+
+
+def write_sections(out, device, rows, failures, runs, plots, plot_dir, json_path, title):
+    """The device's section into the report file, the rows with their runs
+    into the JSON, and the table to stdout."""
+    section = device_section(device, rows, failures, runs, plots, plot_dir, os.path.dirname(out))
+    text = merge(out, device, section)
+    with open(out, "w") as f:
+        f.write(text)
+    write_json(json_path, title, device, rows, runs)
+    print_table(rows, title)
+    print(f"report: {len(rows)} rows, {len(failures)} failures -> {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -56,9 +56,14 @@ def main():
         print_table(rows, title)
 
 
-def write_json(path, title, device, rows):
+def write_json(path, title, device, rows, runs=None):
+    """The rows (and, from report.py, the records of the runs that measured
+    them) as JSON, for goals.py and report.py --from-json."""
+    saved = {"title": title, "device": device, "rows": [row.as_dict() for row in rows]}
+    if runs:
+        saved["runs"] = runs
     with open(path + ".part", "w") as f:
-        json.dump({"title": title, "device": device, "rows": [row.as_dict() for row in rows]}, f, indent=1)
+        json.dump(saved, f, indent=1)
     os.replace(path + ".part", path)
 
 

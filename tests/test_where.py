@@ -651,7 +651,8 @@ def test_errors(device):
     with pytest.raises(RuntimeError, match=r"got condition of shape \[2, 1\]"):
         torch_masked.select(torch.ones(2, 1, dtype=torch.bool, device=device), m, m)
     with pytest.raises(RuntimeError, match=r"got condition of shape \[1\]"):
-        torch_masked.select(torch.ones(1, dtype=torch.bool, device=device), torch.tensor(1.0), torch.tensor(2.0))
+        torch_masked.select(torch.ones(1, dtype=torch.bool, device=device), torch.tensor(1.0, device=device),
+                             torch.tensor(2.0, device=device))
 
 
 def test_misaligned_complex128_is_refused():
