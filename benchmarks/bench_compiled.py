@@ -117,6 +117,14 @@ def _native_scatter_nd(indices, x, n):
     return x.new_zeros(n).index_put_((indices[:, 0],), x * 2, accumulate=True) + 1
 
 
+def _scatter_nd_unchecked(indices, x, n):
+    return torch_masked.scatter_nd(indices, x * 2, [n], check_bounds=False) + 1
+
+
+def _tensor_scatter_nd_add_unchecked(t, indices, updates):
+    return torch_masked.tensor_scatter_nd_add(t * 2, indices, updates, check_bounds=False) + 1
+
+
 def _tensor_scatter_nd_add(t, indices, updates):
     return torch_masked.tensor_scatter_nd_add(t * 2, indices, updates) + 1
 
@@ -180,6 +188,14 @@ def _chains(device, sizes):
                (indices, x[: n // 10], n))
         yield ("tensor_scatter_nd_add", "tensor_scatter_nd_add(t*2, idx, u)+1, n/10 updates", n,
                _tensor_scatter_nd_add, _native_tensor_scatter_nd_add, "index_put(accumulate=True)",
+               (x, indices, y[: n // 10]))
+        # Without the check: where Inductor generates Triton, Inductor's own
+        # scatter (torch_masked/compile.py); on the CPU, our kernel.
+        yield ("scatter_nd unchecked", "scatter_nd(idx, x[:n/10]*2, [n], check_bounds=False)+1", n,
+               _scatter_nd_unchecked, _native_scatter_nd, "zeros.index_put_(accumulate=True)",
+               (indices, x[: n // 10], n))
+        yield ("tensor_scatter_nd_add unchecked", "tensor_scatter_nd_add(t*2, idx, u, check_bounds=False)+1", n,
+               _tensor_scatter_nd_add_unchecked, _native_tensor_scatter_nd_add, "index_put(accumulate=True)",
                (x, indices, y[: n // 10]))
         yield ("boolean_mask", MASK, n, _boolean_mask, _native_boolean_mask, "(x*2)[m]", (x, c))
         yield ("nonzero", "(nonzero(x>0)+1).sum()", n, _nonzero, _native_nonzero, "torch.nonzero", (x,))

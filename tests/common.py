@@ -1,5 +1,6 @@
 """Shared parameters and helpers for the op tests."""
 
+import contextlib
 import math
 
 import pytest
@@ -52,6 +53,17 @@ def repeated(pattern, n):
 def device_name(device):
     """How the error messages print a device ("cuda" prints as "cuda:0")."""
     return str(torch.empty(0, device=device).device)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) for the block."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def make_tensor(shape, dtype, device, density=0.5, generator=None):

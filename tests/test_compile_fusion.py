@@ -26,7 +26,15 @@ from torch._inductor import config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
 import torch_masked
-from tests.common import COMPLEX_DTYPES, DEVICES, FLOAT_DTYPES, INTEGER_DTYPES, make_tensor, non_contiguous
+from tests.common import (
+    COMPLEX_DTYPES,
+    DEVICES,
+    FLOAT_DTYPES,
+    INTEGER_DTYPES,
+    deterministic_algorithms,
+    make_tensor,
+    non_contiguous,
+)
 
 # The dtypes Inductor generates where for, and those it does not (declined,
 # so our kernel runs inside the compiled graph).
@@ -723,7 +731,8 @@ def test_gather_nd_declined_cases_run_our_kernel():
 
 def test_gather_nd_of_data_dependent_rows_and_compiled_backward(device):
     # tf.gather_nd(x, tf.where(m)): rows whose number is known only at run
-    # time; the backward (scatter_nd of the gradient) stays our kernel.
+    # time; the backward is scatter_nd of the gradient without check_bounds
+    # (Inductor's own scatter where it generates Triton).
     def loss(gather, x, m, w):
         return (gather(x * w, m) ** 2).sum()
 
@@ -740,6 +749,92 @@ def test_gather_nd_of_data_dependent_rows_and_compiled_backward(device):
             values.append((value.detach(), *torch.autograd.grad(value, w)))
     torch.testing.assert_close(values[0], values[1], rtol=0, atol=0)
     torch.testing.assert_close(values[0], values[2])
+
+
+SCATTER_CALL = "torch.ops.masked.scatter_nd.default("
+OUR_SCATTERS = [SCATTER_CALL, FUNCTIONAL_ADD, IN_PLACE_ADD]  # unchecked_scatters' calls of our kernels
+# Triton's code on CUDA, and for CPU tensors where Triton is interpreted;
+# Inductor's C++ on the CPU.
+GENERATES_TRITON = {"cuda": True, "cpu": INTERPRETED}
+
+
+def unchecked_scatters(tensor, indices, updates):
+    # scatter_nd, tensor_scatter_nd_add into an input (a copy first) and into
+    # a tensor the graph made (in place), each fed by pointwise work.
+    return (torch_masked.scatter_nd(indices, updates * 2, list(tensor.shape), check_bounds=False) + 1,
+            torch_masked.tensor_scatter_nd_add(tensor, indices, updates - 1, check_bounds=False),
+            torch_masked.tensor_scatter_nd_add(tensor * 2, indices, updates, check_bounds=False) + 1)
+
+
+def scatter_reference(tensor, indices, updates):
+    """unchecked_scatters by ATen's index_put_, rows out of bounds left out."""
+    sizes = torch.tensor(tensor.shape[: indices.shape[-1]], device=indices.device)
+    kept = ((indices >= 0) & (indices < sizes)).all(-1)
+    rows, kept_updates = tuple(indices[kept].unbind(-1)), updates[kept]
+
+    def add(base, values):
+        return base.clone().index_put_(rows, values, accumulate=True)
+
+    return (add(torch.zeros_like(tensor), kept_updates * 2) + 1, add(tensor, kept_updates - 1),
+            add(tensor * 2, kept_updates) + 1)
+
+
+def scatter_inputs(dtype, shape, depth, device, seed):
+    """Integer values (so that every order of the adds gives the same sums),
+    repeated index rows, and rows out of bounds, negative ones too."""
+    g = gen(seed)
+    tensor = torch.randint(-8, 8, shape, generator=g).to(dtype).to(device)
+    indices = torch.stack([torch.randint(-2, size + 2, (30,), generator=g) for size in shape[:depth]], -1).to(device)
+    updates = torch.randint(-8, 8, (30, *shape[depth:]), generator=g).to(dtype).to(device)
+    return tensor, indices, updates
+
+
+def test_unchecked_scatters_are_inductors_own_where_it_generates_triton(device):
+    # Without check_bounds, where Inductor generates Triton (CUDA), both
+    # scatters are Inductor's atomic scatter, fused with what computes the
+    # updates, rows out of bounds dropped as our kernel drops them; int64
+    # (which Inductor does not add atomically) and Inductor's C++ keep our
+    # kernel.
+    for dtype, shape, depth in [(torch.float32, (40,), 1), (torch.bfloat16, (6, 5, 3), 2), (torch.int32, (9, 4), 1),
+                                (torch.float64, (5, 2), 2), (torch.float16, (7, 3), 1), (torch.int64, (8,), 1)]:
+        if INTERPRETED and dtype == torch.bfloat16:
+            continue  # Triton's interpreter has no bfloat16 atomic add (sm_90 has)
+        inputs = scatter_inputs(dtype, shape, depth, device, seed=len(shape) + depth)
+        results, code = run_and_get_code(torch.compile(unchecked_scatters, fullgraph=True), *inputs)
+        code = "\n".join(code)
+        if GENERATES_TRITON[device] and dtype != torch.int64:
+            assert not any(call in code for call in OUR_SCATTERS) and "tl.atomic_add(" in code, dtype
+        else:
+            assert all(call in code for call in OUR_SCATTERS), dtype
+        for result, eager, reference in zip(results, unchecked_scatters(*inputs), scatter_reference(*inputs),
+                                            strict=True):
+            exact(result, reference)
+            exact(result, eager)
+
+
+def test_checked_deterministic_or_opaque_scatters_stay_our_kernel(device):
+    # check_bounds (our IndexError), deterministic mode (our deterministic
+    # sums) and the opaque switch keep our kernel wherever Inductor's code
+    # runs.
+    inputs = scatter_inputs(torch.float32, (12,), 1, device, seed=30)
+
+    def checked(tensor, indices, updates):
+        return torch_masked.scatter_nd(indices, updates * 2, [12]) + 1
+
+    in_bounds = inputs[1].clamp(0, 11)
+    _, code = run_and_get_code(torch.compile(checked, fullgraph=True), inputs[0], in_bounds, inputs[2])
+    assert SCATTER_CALL in "\n".join(code)
+    with pytest.raises(IndexError, match=r"scatter_nd: expected every index within shape \[12\]"):
+        torch.compile(checked, fullgraph=True)(*inputs)
+    for setting in (torch_masked.compile.opaque(), deterministic_algorithms()):
+        torch._dynamo.reset()
+        with setting:
+            results, code = run_and_get_code(torch.compile(unchecked_scatters, fullgraph=True), *inputs)
+            code = "\n".join(code)
+            # The opaque switch also keeps the copy of the add into t * 2.
+            assert SCATTER_CALL in code and code.count(FUNCTIONAL_ADD) + code.count(IN_PLACE_ADD) == 2
+            for result, eager in zip(results, unchecked_scatters(*inputs), strict=True):
+                exact(result, eager)
 
 
 def test_inductor_caches_key_on_our_decompositions():

@@ -18,6 +18,7 @@ from tests.common import (
     OTHER_DEVICES,
     assert_forward_ad_matches,
     boundary_positions,
+    deterministic_algorithms,
     device_name,
     draw,
     misaligned,
@@ -287,16 +288,6 @@ def test_cpu_half_slices_round_like_sums_into_zeros(dtype):
     assert torch.equal(out.isnan(), nan) and nan[3].sum() == 2 and nan[6].sum() == 2
     assert torch.equal(out[~nan].view(torch.int16), expected[~nan].view(torch.int16))
     assert not out[3, 0].signbit() and not out[5, 0].signbit()  # each a -0.0 that was a slot's one row
-
-
-@contextlib.contextmanager
-def deterministic_algorithms():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
 
 
 # On CUDA, float32/half/bfloat16 outputs of up to 2**22 elements take the

@@ -26,16 +26,20 @@ the dtype may not hold (``_HOLD_EVERY``), and where's and select's shapes holdin
 at run time (from ``nonzero`` or ``boolean_mask``), whose mismatch our
 kernel reports by name; for gather_nd, see ``_gather_nd_lowering``.
 
-``scatter_nd``, ``tensor_scatter_nd_add``, ``boolean_mask`` and ``nonzero``
-stay our kernels inside compiled graphs, on every device (a
+``boolean_mask`` and ``nonzero`` stay our kernels inside compiled graphs,
+and so do ``scatter_nd`` and ``tensor_scatter_nd_add`` on the CPU (a
 ``tensor_scatter_nd_add`` into a tensor nothing else reads adds into it in
-place: ``_tensor_scatter_nd_add_into``): ``boolean_mask``
-and ``nonzero`` are faster there than what Inductor makes of the native
-equivalents, the scatters on large outputs too
-(``benchmarks/bench_compiled.py``; README, "Inside torch.compile"), and
-Inductor's scatters would not keep our contract: negative indices wrap, an
-out-of-range index is not our IndexError naming the row (on CUDA it is a
-device assert), and sums follow the order of atomic adds.
+place: ``_tensor_scatter_nd_add_into``): there they are faster than what
+Inductor makes of the native equivalents (``benchmarks/bench_compiled.py``;
+README, "Inside torch.compile"), and Inductor's C++ scatter would sum
+float16 and bfloat16 rounding at every add, in the order its threads land,
+where ours sums each destination in index order. Where Inductor generates
+Triton (CUDA), the scatters without check_bounds, outside deterministic
+mode, are Inductor's own atomic scatter (``_scatter_add_into``), with our
+index rule (a row out of bounds adds nothing; negative indices never wrap):
+on an H200 the GPU did the same work for both, and Inductor's chain saved
+the host the call of our op (ours 1.03-1.18 of native's). With check_bounds
+they stay ours: the IndexError needs the bounds flag read back either way.
 """
 from __future__ import annotations
 
@@ -172,6 +176,44 @@ def _select(condition, x, y):
     return _where(condition, x, y)
 
 
+def _index_entries(load_index, row, sizes):
+    """The entries of index row `row` (Inductor's loader of the indices) as
+    int64 values in Inductor's IR, each with the size it must lie within."""
+    from torch._inductor.virtualized import ops
+
+    return [(ops.to_dtype(load_index([*row, sympy.Integer(column)]), torch.int64), size)
+            for column, size in enumerate(sizes)]
+
+
+def _row_sign(row_entries):
+    """Negative iff the row is out of bounds: the OR over its entries v of
+    v | (size - 1 - v), one of which is negative iff v is outside [0, size).
+    Integer arithmetic only, which Inductor's vectorised C++ keeps in
+    registers, where a chain of comparisons would convert masks between
+    widths."""
+    from torch._inductor.virtualized import ops
+
+    signs = [ops.bitwise_or(v, ops.sub(ops.index_expr(size - 1, torch.int64), v)) for v, size in row_entries]
+    return functools.reduce(ops.bitwise_or, signs)
+
+
+def _in_bounds(row_entries):
+    from torch._inductor.virtualized import ops
+
+    return ops.ge(_row_sign(row_entries), ops.constant(0, torch.int64))
+
+
+def _positions(row_entries, in_bounds):
+    """The row's entries as Inductor's indices, those of the first row (0,
+    ..., 0) where the row is out of bounds: never wrapped nor asserted by
+    Inductor, whose rules for a bad index are not ours."""
+    from torch._inductor.virtualized import ops
+
+    zero = ops.constant(0, torch.int64)
+    return [ops.indirect_indexing(ops.where(in_bounds, entry, zero), size, check=False, wrap_neg=False)
+            for entry, size in row_entries]
+
+
 def _gather_nd_lowering(lowering):
     """masked::gather_nd as Inductor's own loop, and the op's call where it
     declines.
@@ -221,31 +263,14 @@ def _gather_nd_lowering(lowering):
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
 
-        def entries(row):
-            """The row's entries as int64, each with its size."""
-            return [(ops.to_dtype(load_index([*row, sympy.Integer(column)]), torch.int64), size)
-                    for column, size in enumerate(sizes)]
-
-        def row_signs(row_entries):
-            """Negative iff the row is out of bounds: the OR over its entries v
-            of v | (size - 1 - v), one of which is negative iff v is outside
-            [0, size). Integer arithmetic only, which Inductor's vectorised
-            C++ keeps in registers, where a chain of comparisons would
-            convert masks between widths."""
-            signs = [ops.bitwise_or(v, ops.sub(ops.index_expr(size - 1, torch.int64), v)) for v, size in row_entries]
-            return functools.reduce(ops.bitwise_or, signs)
-
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
-            row_entries = entries(row)
+            row_entries = _index_entries(load_index, row, sizes)
             # A row out of bounds loads params' first row instead (there is
             # one: see the declines above), by one select per entry on the
             # row's sign, which the zeroing of the value computes anyway.
-            zero = ops.constant(0, torch.int64)
-            in_bounds = ops.ge(row_signs(row_entries), zero)
-            where = [ops.indirect_indexing(ops.where(in_bounds, entry, zero), size, check=False, wrap_neg=False)
-                     for entry, size in row_entries]
-            value = load_params([*where, *within])
+            in_bounds = _in_bounds(row_entries)
+            value = load_params([*_positions(row_entries, in_bounds), *within])
             # Zeroed with check_bounds too, where the IndexError follows: in
             # Inductor's vectorised C++ the select makes the reload of the
             # gathered lanes a masked load, and the loop 2.3x faster on an
@@ -257,7 +282,7 @@ def _gather_nd_lowering(lowering):
                 device=indices.get_device(),
                 dst_dtype=torch.int64,
                 src_dtype=torch.int64,
-                inner_fn=lambda _, row: row_signs(entries(row)),
+                inner_fn=lambda _, row: _row_sign(_index_entries(load_index, row, sizes)),
                 ranges=[],
                 reduction_ranges=rows,
                 reduction_type="min",
@@ -274,6 +299,99 @@ def _gather_nd_lowering(lowering):
         return ir.Pointwise.create(
             device=params.get_device(), dtype=dtype, inner_fn=gathered, ranges=[*rows, *rest]
         )
+
+    return lower
+
+
+# The dtypes whose atomic add Triton generates on the GPUs we build for
+# (bfloat16 from sm_90: Inductor's own rule, needs_fallback_due_to_atomic_add_limitations).
+_TRITON_ATOMIC_ADD_DTYPES = frozenset([torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32])
+
+
+def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
+    """Whether a scatter of `dtype` updates at `indices` into a tensor whose
+    first dimensions are `sizes` is Inductor's own atomic scatter rather
+    than our kernel: where Inductor generates Triton (CUDA), without
+    check_bounds, outside deterministic mode (our deterministic sums;
+    Inductor's would call ATen's), with K and the sizes it indexes known
+    when the graph is compiled, none of them 0 (a row out of bounds adds
+    into the first element)."""
+    from torch._inductor import config
+    from torch._inductor.utils import needs_fallback_due_to_atomic_add_limitations
+
+    backend = {"cuda": getattr(config, "cuda_backend", "triton"), "cpu": config.cpu_backend}.get(device.type)
+    depth = indices.get_size()[-1]
+    return (
+        not _opaque
+        and not check_bounds
+        and backend == "triton"
+        and not torch.are_deterministic_algorithms_enabled()
+        and dtype in _TRITON_ATOMIC_ADD_DTYPES
+        and not needs_fallback_due_to_atomic_add_limitations(dtype)
+        and isinstance(depth, (int, sympy.Integer))
+        and 0 < int(depth) <= len(sizes)
+        and all(isinstance(size, (int, sympy.Integer)) and size > 0 for size in sizes[: int(depth)])
+    )
+
+
+def _scatter_add_into(target, indices, updates):
+    """Adds each row of `updates` into `target` (realized here, and written in
+    place) at its index row, by Inductor's own atomic adds, fused with what
+    computes the updates. A row out of bounds adds an identity (-0.0, or 0)
+    into the first element: dropped, as our kernel drops it without
+    check_bounds."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V, ops
+
+    target.realize()
+    rows = list(indices.get_size())[:-1]
+    sizes = list(target.get_size())[: int(indices.get_size()[-1])]
+    load_index, load_updates = indices.make_loader(), updates.make_loader()
+    dtype = target.get_dtype()
+    nothing = -0.0 if dtype.is_floating_point else 0  # x + -0.0 is x, -0.0 and NaN included
+
+    def value(position):
+        in_bounds = _in_bounds(_index_entries(load_index, position[: len(rows)], sizes))
+        return ops.where(in_bounds, load_updates(position), ops.constant(nothing, dtype))
+
+    def destination(position):
+        row_entries = _index_entries(load_index, position[: len(rows)], sizes)
+        return [*_positions(row_entries, _in_bounds(row_entries)), *position[len(rows) :]]
+
+    scatter = ir.Scatter(device=target.get_device(), dtype=dtype, inner_fn=value, ranges=list(updates.get_size()),
+                         output_indexer=destination, scatter_mode="atomic_add")
+    buffer = ir.ComputedBuffer(name=None, layout=ir.MutationLayoutSHOULDREMOVE(target), data=scatter)
+    buffer.name = V.graph.register_buffer(buffer)
+    V.graph.register_operation(buffer)
+
+
+def _scatter_nd_lowering(lowering):
+    """masked::scatter_nd as zeros and Inductor's own scatter where
+    _adds_in_inductor says so; else our kernel."""
+    call_ours = lowering.fallback_handler(torch.ops.masked.scatter_nd.default, add_to_fallback_set=False)
+
+    def lower(indices, updates, shape, *, check_bounds=True):
+        if not _adds_in_inductor(updates.get_device(), updates.get_dtype(), indices, list(shape), check_bounds):
+            return call_ours(indices, updates, shape, check_bounds=check_bounds)
+        output = lowering.full(list(shape), 0, dtype=updates.get_dtype(), device=updates.get_device())
+        _scatter_add_into(output, indices, updates)
+        return output
+
+    return lower
+
+
+def _tensor_scatter_nd_add_lowering(lowering):
+    """masked::tensor_scatter_nd_add as a copy of `tensor` and Inductor's own
+    scatter into it where _adds_in_inductor says so; else our kernel."""
+    call_ours = lowering.fallback_handler(torch.ops.masked.tensor_scatter_nd_add.default, add_to_fallback_set=False)
+
+    def lower(tensor, indices, updates, *, check_bounds=True):
+        if not _adds_in_inductor(tensor.get_device(), tensor.get_dtype(), indices, list(tensor.get_size()),
+                                 check_bounds):
+            return call_ours(tensor, indices, updates, check_bounds=check_bounds)
+        output = lowering.clone(tensor)
+        _scatter_add_into(output, indices, updates)
+        return output
 
     return lower
 
@@ -334,7 +452,10 @@ def _tensor_scatter_nd_add_into_lowering(lowering):
                                              add_to_fallback_set=False)
 
     def lower(tensor, indices, updates, *, check_bounds=True):
-        add_in_place(tensor, indices, updates, check_bounds=check_bounds)
+        if _adds_in_inductor(tensor.get_device(), tensor.get_dtype(), indices, list(tensor.get_size()), check_bounds):
+            _scatter_add_into(tensor, indices, updates)
+        else:
+            add_in_place(tensor, indices, updates, check_bounds=check_bounds)
         return tensor
 
     return lower
@@ -379,6 +500,12 @@ def _register(lowering):
         lowering.make_fallback(op, layout_constraint=layout, warn=False, override_decomp=True)
     lowering.register_lowering(torch.ops.masked.gather_nd.default, type_promotion_kind=None)(
         _gather_nd_lowering(lowering)
+    )
+    lowering.register_lowering(torch.ops.masked.scatter_nd.default, type_promotion_kind=None)(
+        _scatter_nd_lowering(lowering)
+    )
+    lowering.register_lowering(torch.ops.masked.tensor_scatter_nd_add.default, type_promotion_kind=None)(
+        _tensor_scatter_nd_add_lowering(lowering)
     )
     lowering.register_lowering(_tensor_scatter_nd_add_into, type_promotion_kind=None)(
         _tensor_scatter_nd_add_into_lowering(lowering)
