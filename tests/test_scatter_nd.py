@@ -596,8 +596,10 @@ def test_non_contiguous_inputs(device):
 def test_gather_from_views(device, depth):
     """Params that are views (sliced, transposed, broadcast with stride 0,
     with a storage offset), whose slices are dense or not, at every index
-    depth: both kernels read them in place. Rows out of bounds with
-    check_bounds=False still read as zeros."""
+    depth: both kernels read them in place (CUDA copies one whose slices are
+    not dense first where it holds no more elements than the output: depth
+    0 and 1 here). Rows out of bounds with check_bounds=False still read as
+    zeros."""
     gen = torch.Generator().manual_seed(9)
     base = torch.randn(6, 7, 8, generator=gen).to(device)
     views = {
@@ -622,19 +624,37 @@ def test_gather_from_views(device, depth):
 def test_gathers_from_broadcast_params_without_copying_them(device):
     """A broadcast of 2**40 rows (a contiguous copy would be 12 TiB); a slice
     longer than the CPU's offset table, not dense (the CPU gathers it from a
-    contiguous copy, CUDA in place); and a slice of more dimensions than merge
-    into the kernels' layout (both gather it from a contiguous copy)."""
+    contiguous copy, CUDA in place: one row of two, fewer elements than a
+    copy of params); and a slice of more dimensions than merge into the
+    kernels' layout (both gather it from a contiguous copy)."""
     row = torch.tensor([1.0, 2.0, 3.0], device=device)
     huge = row.expand(2**40, 3)
     out = torch_masked.gather_nd(huge, torch.tensor([[0], [2**40 - 1], [12345]], device=device))
     assert torch.equal(out, row.expand(3, 3))
     long_columns = torch.randn(2**20 + 5, 2).t().to(device)  # slices of 2**20 + 5 elements, stride 2
-    indices = torch.tensor([[1], [0], [1]], device=device)
+    indices = torch.tensor([[1]], device=device)
     assert torch.equal(torch_masked.gather_nd(long_columns, indices), long_columns[indices[:, 0]])
     # Seven dimensions of size 2 stored in reverse order: none merges with its neighbour.
     unmerged = torch.randn([3] + [2] * 7).to(device).permute(0, *range(7, 0, -1))
     indices = torch.tensor([[2], [0], [2]], device=device)
     assert torch.equal(torch_masked.gather_nd(unmerged, indices), unmerged[indices[:, 0]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathers_rows_out_of_bounds_of_params_with_no_element(device):
+    """Params with no element whose slices are not dense, in dimensions that
+    merge or not: every row is out of bounds (zeros without check_bounds,
+    the IndexError with it), and params is not copied first (a copy of an
+    empty tensor is itself: copying it again and again crashed)."""
+    transposed = torch.empty(0, device=device).as_strided([0, 3], [1, 5])
+    unmerged = torch.empty(0, device=device).as_strided([0] + [2] * 7, [1] + [2**k for k in range(7)])
+    indices = torch.tensor([[0], [0]], device=device)
+    error = r"got \[0\] at indices\[0\] \(0 is out of range for dimension 0 of size 0\)"
+    for params in (transposed, unmerged):
+        out = torch_masked.gather_nd(params, indices, check_bounds=False)
+        assert torch.equal(out, torch.zeros(2, *params.shape[1:], device=device))
+        with pytest.raises(IndexError, match=error):
+            torch_masked.gather_nd(params, indices)
 
 
 def algorithms(deterministic):

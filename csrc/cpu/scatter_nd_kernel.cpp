@@ -569,13 +569,15 @@ constexpr int64_t kMaxSliceOffsets = int64_t{1} << 20;
 
 // Reads params in its own layout, so that a view or a broadcast (stride 0)
 // is not copied first: a row's slice starts at the dot of its index with
-// params' leading strides.
+// params' leading strides. Params with no element is never copied (every
+// row is then out of bounds, and its copy would be itself: PyTorch calls an
+// empty tensor contiguous).
 void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Tensor& indices,
                      const NdIndexGeometry& g, bool check_bounds) {
   const int64_t slice = g.slice_size;
   const SliceLayout layout = slice_layout(params, g.depth);
   const bool dense_slice = layout.dense();
-  if (!dense_slice && (!layout.fits || slice > kMaxSliceOffsets)) {
+  if (!dense_slice && params.numel() > 0 && (!layout.fits || slice > kMaxSliceOffsets)) {
     gather_into_cpu(output, params.contiguous(), indices, g, check_bounds);
     return;
   }
