@@ -837,6 +837,28 @@ def test_checked_deterministic_or_opaque_scatters_stay_our_kernel(device):
                 exact(result, eager)
 
 
+def generated_kernels(code):
+    """The kernels in Inductor's generated modules, their names left out."""
+    return sorted(re.sub(r"\b(cpp|triton)_\w+", "kernel", source)
+                  for module in code for source in re.findall(r"'''(.*?)'''", module, re.S))
+
+
+def test_nonzero_count_is_bounded_as_torch_nonzeros(device):
+    # Our fake kernels bound the count of a data-dependent size by the
+    # elements it counts, as torch.nonzero's does, so that Inductor indexes
+    # what reads the result in 32 bits where they suffice: the kernels
+    # around our call are those around torch.nonzero's.
+    x = torch.randn(1000, generator=gen(31)).to(device)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        ours, ours_code = run_and_get_code(
+            torch.compile(lambda x: (torch_masked.nonzero(x > 0) + 1).sum(), fullgraph=True), x)
+        native, native_code = run_and_get_code(
+            torch.compile(lambda x: (torch.nonzero(x > 0) + 1).sum(), fullgraph=True), x)
+    assert "torch.ops.masked.nonzero.default(" in "\n".join(ours_code)
+    assert generated_kernels(ours_code) == generated_kernels(native_code)
+    exact(ours, native)
+
+
 def test_inductor_caches_key_on_our_decompositions():
     # The caches key a graph before decomposition: the fingerprint of
     # compile.py, and the opaque switch, must be in cache_key_tag.

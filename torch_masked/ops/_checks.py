@@ -1,5 +1,6 @@
-"""Checks shared by the fake kernels. Each mirrors a TORCH_CHECK in csrc/ with
-the same message, so that eager, fake and compiled calls fail alike."""
+"""Checks shared by the fake kernels (each mirrors a TORCH_CHECK in csrc/ with
+the same message, so that eager, fake and compiled calls fail alike), and
+the data-dependent sizes they make."""
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
@@ -25,3 +26,9 @@ def equal_or_unknown(size, other):
     defer them to a run-time assert saying only 'Eq(u1, u0)'. Only for sizes
     that the output's shape does not depend on."""
     return guard_or_true(size == other)
+
+
+def bounded_dynamic_size(at_most):
+    """A new unbacked SymInt for a size known only from the data, at most
+    `at_most` where that is known when tracing (an int, not a SymInt)."""
+    return torch.library.get_ctx().new_dynamic_size(max=at_most if isinstance(at_most, int) else None)

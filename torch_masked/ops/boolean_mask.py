@@ -13,7 +13,7 @@ from typing import SupportsIndex
 import torch
 from torch.overrides import handle_torch_function
 
-from ._checks import check_same_device, equal_or_unknown
+from ._checks import bounded_dynamic_size, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
 from ._types import TensorLike
 
@@ -58,7 +58,7 @@ def _masked_view(op, shape_name, shape, mask, axis):
 def _boolean_mask_fake(tensor, mask, axis=0):
     check_same_device("boolean_mask", tensor=tensor, mask=mask)
     start, mask_dims = _masked_view("boolean_mask", "tensor.shape", tensor.shape, mask, axis)
-    selected = torch.library.get_ctx().new_dynamic_size()
+    selected = bounded_dynamic_size(mask.numel())
     return tensor.new_empty([*tensor.shape[:start], selected, *tensor.shape[start + mask_dims :]])
 
 

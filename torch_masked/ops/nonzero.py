@@ -13,7 +13,7 @@ from typing import Literal, overload
 import torch
 from torch.overrides import handle_torch_function
 
-from ._checks import check_same_device
+from ._checks import bounded_dynamic_size, check_same_device
 from ._overrides import has_stand_in
 
 
@@ -38,8 +38,12 @@ def _check_input(op, input):
 
 
 def _index_count(input):
-    """The data-dependent number of non-zero elements, as an unbacked SymInt."""
-    return torch.library.get_ctx().new_dynamic_size()
+    """The data-dependent number of non-zero elements, as an unbacked SymInt
+    bounded by the number of elements where that is known (as
+    torch.nonzero's is): Inductor then indexes what reads the result in 32
+    bits where they suffice; without the bound, in 64 (on an H200,
+    `(nonzero(x > 0) + 1).sum()` at 1e7 spent 0.12 ms more than native's)."""
+    return bounded_dynamic_size(input.numel())
 
 
 @torch.library.register_fake("masked::nonzero")
