@@ -752,7 +752,6 @@ def test_gather_nd_of_data_dependent_rows_and_compiled_backward(device):
 
 
 SCATTER_CALL = "torch.ops.masked.scatter_nd.default("
-OUR_SCATTERS = [SCATTER_CALL, FUNCTIONAL_ADD, IN_PLACE_ADD]  # unchecked_scatters' calls of our kernels
 # Triton's code on CUDA, and for CPU tensors where Triton is interpreted;
 # Inductor's C++ on the CPU.
 GENERATES_TRITON = {"cuda": True, "cpu": INTERPRETED}
@@ -764,6 +763,12 @@ def unchecked_scatters(tensor, indices, updates):
     return (torch_masked.scatter_nd(indices, updates * 2, list(tensor.shape), check_bounds=False) + 1,
             torch_masked.tensor_scatter_nd_add(tensor, indices, updates - 1, check_bounds=False),
             torch_masked.tensor_scatter_nd_add(tensor * 2, indices, updates, check_bounds=False) + 1)
+
+
+def assert_our_scatters(code):
+    """unchecked_scatters' three calls of our kernels, the add into t * 2 in
+    place or (opaque, or of a size known only at run time on the CPU) not."""
+    assert SCATTER_CALL in code and code.count(FUNCTIONAL_ADD) + code.count(IN_PLACE_ADD) == 2
 
 
 def scatter_reference(tensor, indices, updates):
@@ -789,7 +794,8 @@ def scatter_inputs(dtype, shape, depth, device, seed):
     return tensor, indices, updates
 
 
-def test_unchecked_scatters_are_inductors_own_where_it_generates_triton(device):
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_unchecked_scatters_are_inductors_own_where_it_generates_triton(dynamic, device):
     # Without check_bounds, where Inductor generates Triton (CUDA), both
     # scatters are Inductor's atomic scatter, fused with what computes the
     # updates, rows out of bounds dropped as our kernel drops them; int64
@@ -800,12 +806,13 @@ def test_unchecked_scatters_are_inductors_own_where_it_generates_triton(device):
         if INTERPRETED and dtype == torch.bfloat16:
             continue  # Triton's interpreter has no bfloat16 atomic add (sm_90 has)
         inputs = scatter_inputs(dtype, shape, depth, device, seed=len(shape) + depth)
-        results, code = run_and_get_code(torch.compile(unchecked_scatters, fullgraph=True), *inputs)
+        results, code = run_and_get_code(torch.compile(unchecked_scatters, fullgraph=True, dynamic=dynamic), *inputs)
         code = "\n".join(code)
         if GENERATES_TRITON[device] and dtype != torch.int64:
-            assert not any(call in code for call in OUR_SCATTERS) and "tl.atomic_add(" in code, dtype
+            ours = (SCATTER_CALL, FUNCTIONAL_ADD, IN_PLACE_ADD)
+            assert not any(call in code for call in ours) and "tl.atomic_add(" in code, dtype
         else:
-            assert all(call in code for call in OUR_SCATTERS), dtype
+            assert_our_scatters(code)
         for result, eager, reference in zip(results, unchecked_scatters(*inputs), scatter_reference(*inputs),
                                             strict=True):
             exact(result, reference)
@@ -830,9 +837,7 @@ def test_checked_deterministic_or_opaque_scatters_stay_our_kernel(device):
         torch._dynamo.reset()
         with setting:
             results, code = run_and_get_code(torch.compile(unchecked_scatters, fullgraph=True), *inputs)
-            code = "\n".join(code)
-            # The opaque switch also keeps the copy of the add into t * 2.
-            assert SCATTER_CALL in code and code.count(FUNCTIONAL_ADD) + code.count(IN_PLACE_ADD) == 2
+            assert_our_scatters("\n".join(code))
             for result, eager in zip(results, unchecked_scatters(*inputs), strict=True):
                 exact(result, eager)
 

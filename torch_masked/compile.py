@@ -176,6 +176,16 @@ def _select(condition, x, y):
     return _where(condition, x, y)
 
 
+def _first_element_stands_in(indices, shape):
+    """Whether the lowerings can send an index row out of bounds to the
+    first element of `shape`'s indexed dimensions: K a positive constant,
+    and each size it indexes neither 0 nor known only at run time (it may
+    be 0)."""
+    depth = indices.get_size()[-1]
+    return (isinstance(depth, (int, sympy.Integer)) and 0 < int(depth) <= len(shape)
+            and not any(size == 0 or free_unbacked_symbols(size) for size in shape[: int(depth)]))
+
+
 def _index_entries(load_index, row, sizes):
     """The entries of index row `row` (Inductor's loader of the indices) as
     int64 values in Inductor's IR, each with the size it must lie within."""
@@ -249,16 +259,9 @@ def _gather_nd_lowering(lowering):
 
     def lower(params, indices, *, check_bounds=True):
         index_shape, params_shape = list(indices.get_size()), list(params.get_size())
-        depth = index_shape[-1]
-        if (
-            _opaque
-            or params.get_dtype() not in FUSED_DTYPES
-            or not isinstance(depth, (int, sympy.Integer))
-            or depth == 0
-            or any(size == 0 or free_unbacked_symbols(size) for size in params_shape[: int(depth)])
-        ):
+        if _opaque or params.get_dtype() not in FUSED_DTYPES or not _first_element_stands_in(indices, params_shape):
             return call_ours(params, indices, check_bounds=check_bounds)
-        depth = int(depth)
+        depth = int(index_shape[-1])
         rows, sizes, rest = index_shape[:-1], params_shape[:depth], params_shape[depth:]
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
@@ -309,18 +312,16 @@ _TRITON_ATOMIC_ADD_DTYPES = frozenset([torch.float16, torch.bfloat16, torch.floa
 
 
 def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
-    """Whether a scatter of `dtype` updates at `indices` into a tensor whose
-    first dimensions are `sizes` is Inductor's own atomic scatter rather
-    than our kernel: where Inductor generates Triton (CUDA), without
-    check_bounds, outside deterministic mode (our deterministic sums;
-    Inductor's would call ATen's), with K and the sizes it indexes known
-    when the graph is compiled, none of them 0 (a row out of bounds adds
-    into the first element)."""
+    """Whether a scatter of `dtype` updates at `indices` into a tensor of
+    shape `sizes` is Inductor's own atomic scatter rather than our kernel:
+    where Inductor generates Triton (CUDA), without check_bounds, outside
+    deterministic mode (our deterministic sums; Inductor's would call
+    ATen's), and where a row out of bounds can add into the first element
+    (_first_element_stands_in)."""
     from torch._inductor import config
     from torch._inductor.utils import needs_fallback_due_to_atomic_add_limitations
 
     backend = {"cuda": getattr(config, "cuda_backend", "triton"), "cpu": config.cpu_backend}.get(device.type)
-    depth = indices.get_size()[-1]
     return (
         not _opaque
         and not check_bounds
@@ -328,9 +329,7 @@ def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
         and not torch.are_deterministic_algorithms_enabled()
         and dtype in _TRITON_ATOMIC_ADD_DTYPES
         and not needs_fallback_due_to_atomic_add_limitations(dtype)
-        and isinstance(depth, (int, sympy.Integer))
-        and 0 < int(depth) <= len(sizes)
-        and all(isinstance(size, (int, sympy.Integer)) and size > 0 for size in sizes[: int(depth)])
+        and _first_element_stands_in(indices, sizes)
     )
 
 
