@@ -180,8 +180,11 @@ def _chains(device, sizes):
                "x[idx[:, 0]]", (x, indices))
         yield ("gather_nd pairs", f"(gather_nd(x, idx)*2+1).sum(), x of n/{width} x {width}, n/10 index pairs", n,
                _gather_nd, _native_gather_nd_pairs, "x[idx[:, 0], idx[:, 1]]", (x.view(-1, width), pairs))
+        yield ("gather_nd pairs unchecked",
+               f"(gather_nd(x, idx, check_bounds=False)*2+1).sum(), x of n/{width} x {width}, n/10 index pairs", n,
+               _gather_nd_unchecked, _native_gather_nd_pairs, "x[idx[:, 0], idx[:, 1]]", (x.view(-1, width), pairs))
         # The fused gather alone: without the bounds check's call after the
-        # loop, which the row above pays for its IndexError.
+        # loop, which the gather rows above pay for its IndexError.
         yield ("gather_nd unchecked", "(gather_nd(x, idx, check_bounds=False)*2+1).sum(), n/10 indices", n,
                _gather_nd_unchecked, _native_gather_nd, "x[idx[:, 0]]", (x, indices))
         yield ("scatter_nd", SCATTER, n, _scatter_nd, _native_scatter_nd, "zeros.index_put_(accumulate=True)",

@@ -67,14 +67,26 @@ def time_one_call(fn, is_cuda):
     return time.perf_counter() - t0
 
 
-def _interleaved_rounds(fns, is_cuda, min_seconds, min_rounds, max_rounds, host_timed):
+def _settled(samples):
+    """Whether every side's last call took at most 1.25 times its fastest."""
+    return all(side[-1] <= 1.25 * min(side) for side in samples)
+
+
+def _interleaved_rounds(fns, is_cuda, min_seconds, min_rounds, max_rounds, host_timed, settle_seconds=0.0):
     """Seconds of each timed call of each fn, one turn of each per round, for
-    at least min_rounds rounds and min_seconds. A turn is two calls, only the
-    second timed."""
+    at least min_rounds rounds and min_seconds, then, up to settle_seconds in
+    all, until every side has settled (_settled). A turn is two calls, only
+    the second timed."""
     samples = [[] for _ in fns]
     start = time.perf_counter()
     rounds = 0
-    while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < min_seconds):
+
+    def more():
+        elapsed = time.perf_counter() - start
+        return (rounds < min_rounds or elapsed < min_seconds
+                or (elapsed < settle_seconds and not _settled(samples)))
+
+    while rounds < max_rounds and more():
         for k in range(len(fns)):
             side = (rounds + k) % len(fns)
             fns[side]()
@@ -99,19 +111,21 @@ def time_interleaved(fns, device, min_seconds=0.5, max_rounds=200, host_timed=()
     anew on every call, so first-touch page faults are paid alike.
 
     Untimed warm-up rounds come first: two on CUDA; on the CPU, 1.5 s of
-    them (at most max_rounds). On a virtual machine whose host takes back
-    the guest's free 2 MiB blocks (free page reporting), the first few
-    hundred megabytes of fresh huge-page memory that a process's large
-    outputs land on cost about ten times the usual first touch; the warm-up
-    lets that pass for every side before the timing (benchmarks/METHODS.md
-    gives its size).
+    them, and then more until every side's last call is within 1.25 times
+    its fastest, up to 10 s (at most max_rounds). On a virtual machine whose
+    host takes back the guest's free 2 MiB blocks (free page reporting), the
+    first few hundred megabytes of fresh huge-page memory that a process's
+    large outputs land on cost about ten times the usual first touch; the
+    warm-up lets that pass for every side before the timing
+    (benchmarks/METHODS.md gives its size).
 
     On CUDA the calls are timed with CUDA events on torch's current stream,
     but those of the fns at the positions in host_timed (their work is on
     streams the events do not see, and they return once it is done) with
     the host's clock."""
     is_cuda = torch.device(device).type == "cuda"
-    _interleaved_rounds(fns, is_cuda, 0.0 if is_cuda else 1.5, 2, max_rounds, host_timed)
+    _interleaved_rounds(fns, is_cuda, 0.0 if is_cuda else 1.5, 2, max_rounds, host_timed,
+                        settle_seconds=0.0 if is_cuda else 10.0)
     samples = _interleaved_rounds(fns, is_cuda, min_seconds, 5, max_rounds, host_timed)
     return [statistics.median(fn_samples) for fn_samples in samples]
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.utils._triton as torch_triton
 from torch._dynamo.utils import counters
-from torch._inductor import config as inductor_config
+from torch._inductor import config as inductor_config, cpu_vec_isa
 from torch._inductor.utils import run_and_get_code
 
 import torch_masked
@@ -629,7 +629,7 @@ def gather_inputs(dtypes, rows, seed, device="cpu"):
     """params [6, 5, 3] of each dtype (the last one a transposed view);
     indices of depth 1, 2 and 3 with batch ranks 0 to 2, int32 and int64, a
     strided view among them, no rows; then indices with entries negative or
-    too large among good ones."""
+    too large among good ones, for slices and for elements."""
     params = [make_tensor((6, 5, 3), dtype, device, generator=gen(seed + k)) for k, dtype in enumerate(dtypes)]
     params[-1] = make_tensor((3, 5, 6), dtypes[-1], device, generator=gen(seed)).permute(2, 1, 0)
     sizes = torch.tensor([6, 5, 3])
@@ -647,7 +647,8 @@ def gather_inputs(dtypes, rows, seed, device="cpu"):
         draw((), 2, torch.int64),  # a single index: one slice
         draw((0,), 2, torch.int32),  # no rows
     ]
-    bad_indices = [draw((rows,), 2, torch.int64, low=-6, high=9), draw((rows, 1), 1, torch.int32, low=-7, high=12)]
+    bad_indices = [draw((rows,), 2, torch.int64, low=-6, high=9), draw((rows, 1), 1, torch.int32, low=-7, high=12),
+                   draw((rows,), 3, torch.int64, low=-6, high=9)]
     return params, indices, bad_indices
 
 
@@ -705,6 +706,27 @@ def test_gather_nd_check_adds_no_pass_to_a_reduction_over_its_rows(device):
     code = "\n".join(code)
     assert len(KERNEL.findall(code)) == 1 and len(GUARDED_CHECK_CALL.findall(code)) == 1 and INDUCTOR_ASSERT not in code
     torch.testing.assert_close(result, (x[indices[:, 0]] * 2 + 1).sum())
+
+
+@pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="Inductor's C++ decides vectorisation")
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_gather_nd_of_elements_vectorises_as_native_does(depth):
+    # Index rows of K >= 2 entries, read row after row, are loads that are
+    # not contiguous: Inductor keeps native x[i, j]'s loop scalar, and would
+    # vectorise ours, counting our bounds test as work, into a loop slower
+    # than native's; ours stays scalar too. With K = 1 both are vectorised
+    # (where the CPU has vectors).
+    params = torch.randn(*[7] * depth, generator=gen(27))
+    indices = torch.randint(0, 7, (300, depth), generator=gen(28))
+    chains = [lambda p, i: (native_gather(p, i) * 2 + 1).sum(),
+              lambda p, i: (torch_masked.gather_nd(p, i) * 2 + 1).sum(),
+              lambda p, i: (torch_masked.gather_nd(p, i, check_bounds=False) * 2 + 1).sum()]
+    vectorised = []
+    for chain in chains:
+        result, code = run_and_get_code(torch.compile(chain, fullgraph=True), params, indices)
+        torch.testing.assert_close(result, chain(params, indices))
+        vectorised.append("at::vec::" in "\n".join(code))
+    assert vectorised == [depth == 1 and bool(cpu_vec_isa.pick_vec_isa())] * 3
 
 
 def test_gather_nd_declined_cases_run_our_kernel():

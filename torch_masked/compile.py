@@ -213,6 +213,59 @@ def _in_bounds(row_entries):
     return ops.ge(_row_sign(row_entries), ops.constant(0, torch.int64))
 
 
+def _in_bounds_unsigned(row_entries):
+    """Whether the row is in bounds, each entry v compared with its size as
+    an unsigned 64-bit integer (a negative v is then above every size).
+    Inductor's C++ vectorises no uint64 operation, so a loop with this test
+    stays scalar: see _keeps_loop_scalar."""
+    from torch._inductor.virtualized import ops
+
+    tests = [ops.lt(ops.to_dtype(v, torch.uint64), ops.to_dtype(ops.index_expr(size, torch.int64), torch.uint64))
+             for v, size in row_entries]
+    return functools.reduce(ops.and_, tests)
+
+
+def _keeps_loop_scalar(indices, rows, sizes, rest):
+    """Whether the gather's loop on Inductor's C++ should stay scalar, as
+    native ``x[i, j]``'s does: a gather of single elements (no slice
+    dimensions) by index rows of K >= 2 entries laid out row after row
+    (consecutive rows' entries not adjacent in memory).
+
+    Inductor vectorises a loop unless its loads that are not contiguous are
+    too large a share of its operations; it counts our bounds test's integer
+    operations as work, and vectorised the chain
+    (gather_nd(x, idx)*2+1).sum() of index pairs, whose vectors of entries it
+    then builds from scalar loads through a stack buffer: 1.7-1.9x native's
+    chain, which it leaves scalar. Scalar, ours is 0.87-1.04 of native's
+    with up to seven elementwise operations after the gather. The vectorised
+    loop was the faster one after a transcendental operation or more (0.80
+    after a log, 0.25 after five), and from eight operations Inductor
+    vectorises native's loop too, which is then 3.5x faster than our scalar
+    one (benchmarks/METHODS.md). K = 1 with a strided column stays Inductor's
+    choice, 1.6-1.8x native's in that chain: there Inductor vectorises
+    native's from two operations after the gather, where a scalar loop
+    would lose more. So do indices whose layout Inductor has not fixed."""
+    from torch._inductor import config
+
+    if rest or not rows or len(sizes) < 2 or indices.get_device().type != "cpu" or config.cpu_backend != "cpp":
+        return False
+    strides = indices.maybe_get_stride()
+    return strides is not None and strides[-2] != 1
+
+
+def _row_sign_by(in_bounds_of):
+    """A row's sign (negative iff it is out of bounds) computed by the row
+    test `in_bounds_of`, so that a loop that both gathers and checks makes
+    the test once."""
+    from torch._inductor.virtualized import ops
+
+    if in_bounds_of is _in_bounds:
+        return _row_sign
+    return lambda row_entries: ops.where(
+        in_bounds_of(row_entries), ops.constant(0, torch.int64), ops.constant(-1, torch.int64)
+    )
+
+
 def _positions(row_entries, in_bounds):
     """The row's entries as Inductor's indices, those of the first row (0,
     ..., 0) where the row is out of bounds: never wrapped nor asserted by
@@ -266,13 +319,16 @@ def _gather_nd_lowering(lowering):
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
 
+        in_bounds_of = _in_bounds_unsigned if _keeps_loop_scalar(indices, rows, sizes, rest) else _in_bounds
+
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
             row_entries = _index_entries(load_index, row, sizes)
             # A row out of bounds loads params' first row instead (there is
-            # one: see the declines above), by one select per entry on the
-            # row's sign, which the zeroing of the value computes anyway.
-            in_bounds = _in_bounds(row_entries)
+            # one: see the declines above), by one select per entry on
+            # whether the row is in bounds, which the zeroing of the value
+            # computes anyway.
+            in_bounds = in_bounds_of(row_entries)
             value = load_params([*_positions(row_entries, in_bounds), *within])
             # Zeroed with check_bounds too, where the IndexError follows: in
             # Inductor's vectorised C++ the select makes the reload of the
@@ -281,11 +337,12 @@ def _gather_nd_lowering(lowering):
             return ops.where(in_bounds, value, ops.constant(0, dtype))
 
         if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
+            row_sign = _row_sign_by(in_bounds_of)
             lowest = ir.Reduction.create(
                 device=indices.get_device(),
                 dst_dtype=torch.int64,
                 src_dtype=torch.int64,
-                inner_fn=lambda _, row: _row_sign(_index_entries(load_index, row, sizes)),
+                inner_fn=lambda _, row: row_sign(_index_entries(load_index, row, sizes)),
                 ranges=[],
                 reduction_ranges=rows,
                 reduction_type="min",
