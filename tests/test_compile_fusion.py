@@ -648,7 +648,7 @@ def gather_inputs(dtypes, rows, seed, device="cpu"):
         draw((0,), 2, torch.int32),  # no rows
     ]
     bad_indices = [draw((rows,), 2, torch.int64, low=-6, high=9), draw((rows, 1), 1, torch.int32, low=-7, high=12),
-                   draw((rows,), 3, torch.int64, low=-6, high=9)]
+                   draw((rows,), 3, torch.int32, low=-6, high=9)]
     return params, indices, bad_indices
 
 
