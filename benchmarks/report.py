@@ -416,7 +416,6 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    start, load = time.perf_counter(), os.getloadavg()
     out = os.path.abspath(args.out)
     plot_dir = os.path.abspath(args.plots or os.path.join(os.path.dirname(out), "plots", args.device))
     os.makedirs(plot_dir, exist_ok=True)
@@ -435,6 +434,7 @@ def main():
         write_sections(out, args.device, rows, [], runs, plots, plot_dir, json_path, saved["title"])
         return
 
+    start, load = time.perf_counter(), os.getloadavg()
     title = f"torch_masked benchmarks on {args.device} ({machine(args.device)}), torch {torch.__version__}"
     copies, copy_numel = copy_bandwidth(args.device, args.quick)
     print(f"report: copy bandwidth {copies[0] / 1e9:.1f} GB/s (reused output), {copies[1] / 1e9:.1f} GB/s (fresh)",
