@@ -13,6 +13,7 @@ import torch_masked
 from harness import Case
 
 ROWS_OF = 256  # elements per row in the select chain
+SLICE = 8  # elements per slice in the gather_nd slices chains
 WHERE_NUMBER = "(where(x>0, x, 0.0)*y).sum()"
 SELECT = f"(select(rows, x*2, y)+1).sum(), rows of {ROWS_OF}"
 SCATTER = "scatter_nd(idx, x[:n/10]*2, [n])+1"
@@ -183,6 +184,15 @@ def _chains(device, sizes):
         yield ("gather_nd pairs unchecked",
                f"(gather_nd(x, idx, check_bounds=False)*2+1).sum(), x of n/{width} x {width}, n/10 index pairs", n,
                _gather_nd_unchecked, _native_gather_nd_pairs, "x[idx[:, 0], idx[:, 1]]", (x.view(-1, width), pairs))
+        # Slices of 8 (x as n/8 rows of 8, n/80 row indices): on AVX-512 a
+        # vector loop's tail alone.
+        slice_rows = torch.randint(n // SLICE, (n // (10 * SLICE), 1), generator=gen).to(device)
+        for check in ("", " unchecked"):
+            yield (f"gather_nd slices{check}",
+                   f"(gather_nd(x, idx{', check_bounds=False' if check else ''})*2+1).sum(), "
+                   f"x of n/{SLICE} x {SLICE}, n/{10 * SLICE} row indices", n,
+                   _gather_nd_unchecked if check else _gather_nd, _native_gather_nd, "x[idx[:, 0]]",
+                   (x.view(-1, SLICE), slice_rows))
         # The fused gather alone: without the bounds check's call after the
         # loop, which the gather rows above pay for its IndexError.
         yield ("gather_nd unchecked", "(gather_nd(x, idx, check_bounds=False)*2+1).sum(), n/10 indices", n,

@@ -277,6 +277,24 @@ def _positions(row_entries, in_bounds):
             for entry, size in row_entries]
 
 
+def _clamped_positions(row_entries):
+    """The row's entries as Inductor's indices, each clamped into [0, size):
+    a row out of bounds reads a row within bounds, found without a select.
+    For slices: Inductor's C++ (torch 2.14) vectorises the tail of a loop
+    (a slice narrower than a vector, or the last elements of a wider one)
+    only where selects are not too large a share of its operations, and
+    the selects of _positions made the gather of slices of 8 float32 a
+    scalar loop, 1.9-2.1x native's chain; clamped, 0.85-1.01 at 1e6
+    (benchmarks/METHODS.md). For single elements the selects stay: clamped,
+    the scalar loop of index pairs was 1.1-1.5x native's."""
+    from torch._inductor.virtualized import ops
+
+    zero = ops.constant(0, torch.int64)
+    return [ops.indirect_indexing(ops.minimum(ops.maximum(entry, zero), ops.index_expr(size - 1, torch.int64)), size,
+                                  check=False, wrap_neg=False)
+            for entry, size in row_entries]
+
+
 def _gather_nd_lowering(lowering):
     """masked::gather_nd as Inductor's own loop, and the op's call where it
     declines.
@@ -284,7 +302,8 @@ def _gather_nd_lowering(lowering):
     The gather is a pointwise node that reads each index row and loads its
     row of params; Inductor fuses it into the loop of what reads its result,
     and what computes params into it (only the rows read). A row out of
-    bounds loads params' first row, so its loads skip Inductor's own
+    bounds loads a row within bounds (params' first, or for slices its
+    entries clamped), so its loads skip Inductor's own
     wrap of negative indices and its bounds assert (which would raise a
     RuntimeError naming neither the op nor the row), and its loop does less
     than native ``x[idx]``'s. With check_bounds, whether a row is out of
@@ -324,12 +343,14 @@ def _gather_nd_lowering(lowering):
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
             row_entries = _index_entries(load_index, row, sizes)
-            # A row out of bounds loads params' first row instead (there is
-            # one: see the declines above), by one select per entry on
-            # whether the row is in bounds, which the zeroing of the value
-            # computes anyway.
+            # A row out of bounds reads a row within bounds instead (there
+            # is one: see the declines above): for elements params' first,
+            # by one select per entry on whether the row is in bounds, which
+            # the zeroing of the value computes anyway; for slices, its
+            # entries clamped.
             in_bounds = in_bounds_of(row_entries)
-            value = load_params([*_positions(row_entries, in_bounds), *within])
+            positions = _clamped_positions(row_entries) if rest else _positions(row_entries, in_bounds)
+            value = load_params([*positions, *within])
             # Zeroed with check_bounds too, where the IndexError follows: in
             # Inductor's vectorised C++ the select makes the reload of the
             # gathered lanes a masked load, and the loop 2.3x faster on an
