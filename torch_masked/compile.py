@@ -253,17 +253,12 @@ def _keeps_loop_scalar(indices, rows, sizes, rest):
     return strides is not None and strides[-2] != 1
 
 
-def _row_sign_by(in_bounds_of):
-    """A row's sign (negative iff it is out of bounds) computed by the row
-    test `in_bounds_of`, so that a loop that both gathers and checks makes
-    the test once."""
+def _row_sign_unsigned(row_entries):
+    """_row_sign by _in_bounds_unsigned's test, so that a loop that both
+    gathers and checks makes that test once."""
     from torch._inductor.virtualized import ops
 
-    if in_bounds_of is _in_bounds:
-        return _row_sign
-    return lambda row_entries: ops.where(
-        in_bounds_of(row_entries), ops.constant(0, torch.int64), ops.constant(-1, torch.int64)
-    )
+    return ops.where(_in_bounds_unsigned(row_entries), ops.constant(0, torch.int64), ops.constant(-1, torch.int64))
 
 
 def _positions(row_entries, in_bounds):
@@ -338,7 +333,9 @@ def _gather_nd_lowering(lowering):
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
 
-        in_bounds_of = _in_bounds_unsigned if _keeps_loop_scalar(indices, rows, sizes, rest) else _in_bounds
+        # The row test, and the row sign the check reduces, made alike.
+        in_bounds_of, row_sign = ((_in_bounds_unsigned, _row_sign_unsigned)
+                                  if _keeps_loop_scalar(indices, rows, sizes, rest) else (_in_bounds, _row_sign))
 
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
@@ -358,7 +355,6 @@ def _gather_nd_lowering(lowering):
             return ops.where(in_bounds, value, ops.constant(0, dtype))
 
         if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
-            row_sign = _row_sign_by(in_bounds_of)
             lowest = ir.Reduction.create(
                 device=indices.get_device(),
                 dst_dtype=torch.int64,
