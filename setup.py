@@ -31,7 +31,7 @@ def say(msg):
 
 
 def find_cuda_home():
-    """CUDA_HOME if set, else /usr/local/cuda, else the folder above nvcc."""
+    """CUDA_HOME if set, else CUDA_PATH, else /usr/local/cuda, else the folder above nvcc."""
     candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
     nvcc = shutil.which("nvcc")
     if nvcc:

@@ -88,7 +88,8 @@ def _update_cache_tag():
 def set_opaque(enabled: bool) -> None:
     """Keep every op our opaque kernel inside compiled graphs, called as in
     eager (``True``), or let Inductor fuse ``where``, ``select`` and
-    ``gather_nd``, and add ``tensor_scatter_nd_add`` in place where it can
+    ``gather_nd``, add ``tensor_scatter_nd_add`` in place where it can, and
+    generate the scatters without check_bounds where it generates Triton
     (``False``, the default).
 
     It is read when a graph is compiled: a function compiled before keeps its
@@ -312,9 +313,9 @@ def _gather_nd_lowering(lowering):
     read as zeros, as in our kernel (the loop zeroes them either way).
 
     It declines (our kernel) for K = 0 or a K known only at run time, a
-    dtype outside FUSED_DTYPES, params with a leading dimension of size 0
-    (no row to load in place of a bad one) or one known only at run time
-    (it may be 0)."""
+    dtype outside FUSED_DTYPES, and params with an indexed size 0 (no row
+    to load in place of a bad one) or one known only from data (it may be
+    0): _first_element_stands_in."""
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
 
