@@ -101,6 +101,11 @@ def test_reference_page_examples(device):
     ).tolist() == [[3, 4], [5, 6]]
     # The front door takes array-likes and a 0-d integer tensor as the axis.
     assert torch_masked.boolean_mask([[1, 2], [3, 4]], [False, True], axis=torch.tensor(1)).tolist() == [[2], [4]]
+    assert torch_masked.boolean_mask([[1, 2], [3, 4]], [False, True], axis=np.int64(1)).tolist() == [[2], [4]]
+    # An axis that is not an integer is refused, not cut to one.
+    for axis in (1.0, np.float64(1), torch.tensor(1.0)):
+        with pytest.raises(TypeError):
+            torch_masked.boolean_mask([[1, 2], [3, 4]], [False, True], axis=axis)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -369,9 +374,9 @@ def test_errors(device):
     with pytest.raises(TypeError, match=r"boolean_mask_backward: expected mask of dtype torch.bool"):
         backward_op(grad, torch.ones(3, device=device), [3, 4], 0)
     with pytest.raises(
-        ValueError, match=r"boolean_mask_backward: expected non-negative sizes in input_shape, got input_shape=\[3, -4\]"
+        ValueError, match=r"boolean_mask_backward: expected non-negative sizes in input_shape, got input_shape=\[3, -1\]"
     ):
-        backward_op(torch.zeros(3, 4, device=device), mask[:, 0], [3, -4], 0)
+        backward_op(torch.zeros(3, 4, device=device), mask[:, 0], [3, -1], 0)
 
 
 @pytest.mark.cpu_kernel

@@ -12,6 +12,7 @@ everywhere as the Triton code Inductor generates for a GPU, run by Triton's
 interpreter and compiled for sm_90 (tests/test_triton_interpreted.py): on
 the CPU, that tests the GPU's generated code short of running it on a GPU."""
 import contextlib
+import itertools
 import os
 import re
 import subprocess
@@ -327,7 +328,14 @@ def test_declined_cases_run_our_kernel_and_raise_as_eager():
         torch_masked.where(c, torch.ones(2, dtype=torch.int8), 1000)
     with pytest.raises(RuntimeError) as compiled:
         fn(c, torch.ones(2, dtype=torch.int8))
-    assert str(eager.value) in str(compiled.value)
+    # Raised by our kernel when the graph runs, not by a decomposition's
+    # torch.where while it compiles (a BackendCompilerFailed).
+    assert type(compiled.value) is type(eager.value) and str(eager.value) in str(compiled.value)
+    with pytest.raises(RuntimeError) as eager:
+        torch_masked.where(c, torch.ones(2), 1e40)
+    with pytest.raises(RuntimeError) as compiled:
+        torch.compile(lambda c, x: torch_masked.where(c, x, 1e40), fullgraph=True)(c, torch.ones(2))
+    assert type(compiled.value) is type(eager.value) and str(eager.value) in str(compiled.value)
     x = torch.randn(2, dtype=torch.complex64)
     result, code = run_and_get_code(torch.compile(lambda c, x: torch_masked.where(c, x, 2.0) * 2, fullgraph=True), c, x)
     assert "torch.ops.masked.where.ScalarOther" in "\n".join(code)
@@ -736,6 +744,122 @@ def test_gather_nd_vectorises_as_native_does(shape, depth, native_vectorised):
         torch.testing.assert_close(result, chain(params, indices))
         vectorised.append(bool(VECTOR_LOAD.search("\n".join(code))))
     assert vectorised == [native_vectorised and bool(cpu_vec_isa.pick_vec_isa())] * 3
+
+
+class _IntegerOps:
+    """Inductor's ops on Python integers, int64 wrapping as in the generated
+    code: the row tests of torch_masked/compile.py evaluated on values."""
+
+    @staticmethod
+    def _int64(v):
+        return (v + 2**63) % 2**64 - 2**63
+
+    def to_dtype(self, v, dtype, *args, **kwargs):
+        return v % 2**64 if dtype == torch.uint64 else self._int64(v)
+
+    def index_expr(self, expr, dtype):
+        return int(expr)
+
+    def constant(self, value, dtype):
+        return value
+
+    def sub(self, a, b):
+        return self._int64(a - b)
+
+    def bitwise_or(self, a, b):
+        return a | b
+
+    def and_(self, a, b):
+        return a and b
+
+    def ge(self, a, b):
+        return a >= b
+
+    def lt(self, a, b):
+        return a < b
+
+    def where(self, condition, a, b):
+        return a if condition else b
+
+    def minimum(self, a, b):
+        return min(a, b)
+
+    def maximum(self, a, b):
+        return max(a, b)
+
+    def indirect_indexing(self, index, size, check=True, wrap_neg=True):
+        assert not check and not wrap_neg  # our rule for a bad index, not Inductor's
+        return index
+
+
+def test_index_row_tests_on_every_kind_of_entry():
+    # Each entry against each size, sizes of 1 included (a row of zeros
+    # into them is in bounds, its sign 0), at int64's ends: the row tests
+    # agree with 0 <= v < size, a row out of bounds has a negative sign, and
+    # the positions a row reads lie within params.
+    from torch._inductor.virtualized import V
+
+    from torch_masked import compile as fused
+
+    def value(v):
+        return getattr(v, "value", v)
+
+    with V.set_ops_handler(_IntegerOps()):
+        for sizes in [(1,), (1, 1), (1, 3), (6, 5, 3), (2**40,)]:
+            entries = {-(2**63), -(2**40), -1, 0, 1, 2, 4, 5, 6, 2**40, 2**63 - 1} | {s + d for s in sizes for d in (-1, 0, 1)}
+            for row in itertools.product(sorted(entries), repeat=len(sizes)) if len(sizes) < 3 else [
+                    (0, 0, 0), (5, 4, 2), (6, 0, 0), (0, -1, 0), (0, 0, 3), (-(2**63), 0, 0), (2**63 - 1, 4, 2)]:
+                row_entries = list(zip(row, sizes))
+                in_bounds = all(0 <= v < size for v, size in row_entries)
+                assert value(fused._in_bounds(row_entries)) == in_bounds, row
+                assert value(fused._in_bounds_unsigned(row_entries)) == in_bounds, row
+                assert (value(fused._row_sign(row_entries)) < 0) == (not in_bounds), row
+                assert (value(fused._row_sign_unsigned(row_entries)) < 0) == (not in_bounds), row
+                selected = [value(p) for p in fused._positions(row_entries, in_bounds)]
+                clamped = [value(p) for p in fused._clamped_positions(row_entries)]
+                assert selected == (list(row) if in_bounds else [0] * len(row)), row
+                assert all(0 <= p < size for p, size in zip(clamped, sizes)), row
+                assert not in_bounds or clamped == list(row), row
+
+
+def test_rows_into_dimensions_of_size_one(device):
+    # A row of zeros into dimensions of size 1 (its sign is 0, in bounds)
+    # reads, or adds to, that element; a row out of bounds adds nothing,
+    # not even +0.0 to a -0.0 (Inductor's scatter where it generates Triton).
+    def chain(p, q, index, index_pairs, t, bad):
+        return (torch_masked.gather_nd(p * 1, index), torch_masked.gather_nd(q * 1, index_pairs),
+                torch_masked.gather_nd(p * 1, index, check_bounds=False),
+                torch_masked.scatter_nd(index, p.expand(2, 3) * 2, [1, 3], check_bounds=False) + 0,
+                torch_masked.tensor_scatter_nd_add(t * 1, bad, t[1:] * 3, check_bounds=False))
+
+    p, q = torch.arange(1.0, 4.0).reshape(1, 3).to(device), torch.arange(1.0, 5.0).reshape(1, 1, 4).to(device)
+    index = torch.zeros(2, 1, dtype=torch.int64, device=device)
+    index_pairs = torch.zeros(3, 2, dtype=torch.int32, device=device)
+    t, bad = torch.tensor([-0.0, 1.0], device=device), torch.tensor([[5]], device=device)
+    results = torch.compile(chain, fullgraph=True)(p, q, index, index_pairs, t, bad)
+    expected = [p[[0, 0]], q[0, [0, 0, 0]], p[[0, 0]], p * 4, t]
+    for result, eager, reference in zip(results, chain(p, q, index, index_pairs, t, bad), expected, strict=True):
+        exact(result, reference)
+        exact(result, eager)
+    assert torch.signbit(results[-1][0])
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.int8, 100), (torch.uint8, 100), (torch.int16, 2**14),
+                                          (torch.int32, 2**30), (torch.float32, 1e39)], ids=str)
+def test_numbers_known_only_at_run_time_out_of_range_raise_as_eager(dtype, scale):
+    # A number from a size, which the dtype cannot hold for every size, is
+    # left to our kernel, which raises eager's error where it overflows.
+    def chain(c, x):
+        return torch_masked.where(c, x, x.shape[0] * scale) * 1
+
+    compiled = torch.compile(chain, fullgraph=True, dynamic=True)
+    for n in (3, 5):
+        c, x = torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=dtype)
+        with pytest.raises(RuntimeError) as eager:
+            chain(c, x)
+        with pytest.raises(RuntimeError) as fused:
+            compiled(c, x)
+        assert type(fused.value) is type(eager.value) and str(eager.value) in str(fused.value)
 
 
 def test_gather_nd_declined_cases_run_our_kernel():

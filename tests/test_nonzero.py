@@ -345,6 +345,13 @@ def test_nonzero_static_large_and_non_contiguous(device):
     torch.testing.assert_close(torch_masked.nonzero_static(x, size=1234).cpu(), full[:1234], rtol=0, atol=0)
 
 
+def test_nonzero_static_of_size_0_traced_and_compiled():
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    assert torch_masked.nonzero_static(x.to("meta"), size=0).shape == (0, 2)
+    compiled = torch.compile(lambda x: torch_masked.nonzero_static(x * 2, size=0) + 1, fullgraph=True)
+    torch.testing.assert_close(compiled(x), torch.nonzero_static(x, size=0) + 1, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_nonzero_static_negative_size(device):
     with pytest.raises(ValueError, match=r"nonzero_static: expected size >= 0, got size=-3"):

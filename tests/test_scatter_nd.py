@@ -456,6 +456,9 @@ def test_front_doors_take_python_lists():
     assert torch_masked.tensor_scatter_nd_add([1, 2, 3], [[0], [0]], [5, 6]).tolist() == [12, 2, 3]
     assert torch_masked.gather_nd([[0, 1], [2, 3]], [[1, 0]]).tolist() == [2]
     assert torch_masked.scatter_nd(torch.zeros(0, 1, dtype=torch.int64), [], [3]).tolist() == [0.0, 0.0, 0.0]
+    # [[]]: one index row of K = 0 entries, all of params (added to all of the output).
+    assert torch_masked.gather_nd(torch.arange(3.0), [[]]).tolist() == [[0.0, 1.0, 2.0]]
+    assert torch_masked.scatter_nd([[]], [[1.0, 2.0]], [2]).tolist() == [1.0, 2.0]
 
 
 def test_lists_take_the_tensors_dtype_unless_their_kind_changes():

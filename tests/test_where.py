@@ -710,6 +710,11 @@ def test_fake_errors_match():
             torch.ops.masked.where.ScalarOther(c, torch.empty(3), 1.0)
         out = torch.ops.masked.where.ScalarSelf(c, 2.5, torch.empty(3, 1, dtype=torch.int32))
         assert out.shape == (3, 2) and out.dtype == torch.float32
+        too_deep = torch.empty([1] * 26, dtype=torch.bool)
+        with pytest.raises(RuntimeError, match=r"where: expected at most 25 dimensions, got 26"):
+            torch.ops.masked.where.self(too_deep, torch.empty(1), torch.empty(1))
+        with pytest.raises(RuntimeError, match=r"select: expected at most 25 dimensions, got 26"):
+            torch.ops.masked.select(c[0], too_deep, too_deep)
 
 
 # ---------------------------------------------------------------- autograd
@@ -830,6 +835,10 @@ def test_gradient_of_0d_branches_keeps_the_sign_of_zero(device):
     native_gx, native_gy = torch.autograd.grad(torch.where(condition, x, y), (x, y), grad)
     assert gx.item() == 0.0 and not torch.signbit(gx) and not torch.signbit(native_gx)
     assert gy.item() == 0.0 and torch.signbit(gy) and torch.signbit(native_gy)
+    # The same through torch.func (transforms.py's own backward).
+    _, pullback = torch.func.vjp(lambda x, y: torch_masked.where(condition, x, y), x.detach(), y.detach())
+    fx, fy = pullback(grad)
+    assert fx.item() == 0.0 and not torch.signbit(fx) and torch.signbit(fy)
 
 
 @pytest.mark.parametrize("device", DEVICES)
