@@ -226,6 +226,14 @@ def _in_bounds_unsigned(row_entries):
     return functools.reduce(ops.and_, tests)
 
 
+def _row_sign_unsigned(row_entries):
+    """_row_sign by _in_bounds_unsigned's test, so that a loop that both
+    gathers and checks makes that test once."""
+    from torch._inductor.virtualized import ops
+
+    return ops.where(_in_bounds_unsigned(row_entries), ops.constant(0, torch.int64), ops.constant(-1, torch.int64))
+
+
 def _keeps_loop_scalar(indices, rows, sizes, rest):
     """Whether the gather's loop on Inductor's C++ should stay scalar, as
     native ``x[i, j]``'s does: a gather of single elements (no slice
@@ -252,14 +260,6 @@ def _keeps_loop_scalar(indices, rows, sizes, rest):
         return False
     strides = indices.maybe_get_stride()
     return strides is not None and strides[-2] != 1
-
-
-def _row_sign_unsigned(row_entries):
-    """_row_sign by _in_bounds_unsigned's test, so that a loop that both
-    gathers and checks makes that test once."""
-    from torch._inductor.virtualized import ops
-
-    return ops.where(_in_bounds_unsigned(row_entries), ops.constant(0, torch.int64), ops.constant(-1, torch.int64))
 
 
 def _positions(row_entries, in_bounds):
