@@ -110,7 +110,6 @@ def test_reference_page_examples(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_rank_mask_rank_and_axis(device):
-    torch.manual_seed(0)
     sizes = (3, 4, 2, 5, 3)
     for rank in range(1, 6):
         tensor = random_values(sizes[:rank], torch.float32, device)
@@ -143,7 +142,6 @@ LAYOUTS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES + WIDE_UNSIGNED_DTYPES, ids=str)
 def test_dtypes_and_layouts(device, dtype):
-    torch.manual_seed(0)
     for shape, axis, mask_dims in LAYOUTS:
         tensor = random_values(shape, dtype, device)
         start = axis % len(shape)
@@ -160,7 +158,6 @@ def test_random_shapes_axes_dtypes_and_layouts(device):
     """Shapes, mask ranks, axes (either sign), densities, dtypes and memory
     layouts of tensor, mask and gradient drawn at random agree with NumPy,
     forward and backward (the kernels choose how to move slices by them)."""
-    torch.manual_seed(9)
     g = torch.Generator().manual_seed(9)
     for _ in range(150):
         rank = draw(g, range(1, 6))
@@ -201,7 +198,6 @@ def test_long_masks_whole_and_partial_chunks(device, offset, density, row_shape)
     the storage's start (read 16 bytes at a time on CUDA) or one byte in;
     rows of one 4- or 8-byte unit (compacted directly) or of 20 bytes."""
     n = 512 * 7 + 37
-    torch.manual_seed(1)
     mask = random_mask((n + offset,), device, density)[offset:]
     assert_forward_and_backward_at_axis_0(random_values((n,) + row_shape, torch.float32, device), mask)
 
@@ -218,7 +214,6 @@ def test_long_masks_in_several_outer_blocks(device, density, dtype, row_shape):
     each block of the outer dimension is compacted directly when a selected
     slice is one unit of 1 to 16 bytes; forward and backward."""
     n = 512 * 9 + 37
-    torch.manual_seed(2)
     shape = (3, n) + row_shape
     tensor = random_values(shape, dtype, device)
     mask = random_mask((n,), device, density)
@@ -305,7 +300,6 @@ def test_misaligned_storage(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_non_contiguous_tensor_and_mask(device):
-    torch.manual_seed(0)
     tensor = random_values((6, 7, 8), torch.float64, device)
     mask = random_mask((7, 8), device)
     expected = reference(tensor, mask, 1)
@@ -324,7 +318,6 @@ def test_non_contiguous_tensor_and_mask(device):
 def test_misaligned_tensor():
     # Slices move in units their alignment allows, so even complex128 data
     # 8 bytes off a 16-byte boundary is fine (torch's own kernels fault on it).
-    torch.manual_seed(0)
     tensor = random_values((10, 3), torch.complex128, "cpu")
     mask = random_mask((10,), "cpu")
     selected = reference(tensor, mask)
@@ -422,7 +415,6 @@ def test_devices_differ(other):
 
 
 def sample_inputs(device, requires_grad):
-    torch.manual_seed(0)
     dtype = torch.float64 if requires_grad else torch.float32
 
     def make(shape):
