@@ -1002,6 +1002,33 @@ def test_checked_deterministic_or_opaque_scatters_stay_our_kernel(device):
                 exact(result, eager)
 
 
+@pytest.mark.parametrize("opaque", [False, True], ids=["fused", "opaque"])
+def test_checked_calls_with_empty_results_raise_as_eager(device, opaque):
+    # Inductor reads nothing of a result with no elements and drops the call
+    # that makes it (compiled index_put loses its error so); ours still
+    # raise eager's IndexError, and return the empty result where every row
+    # is in bounds. Opaque, gather_nd too is our kernel's call.
+    base, updates = torch.zeros(4, 2, 0, device=device), torch.ones(2, 0, device=device)
+    chains = {
+        "scatter_nd": lambda indices: torch_masked.scatter_nd(indices, updates * 2, [4, 2, 0]) + 1,
+        "tensor_scatter_nd_add": lambda indices: torch_masked.tensor_scatter_nd_add(base, indices, updates) * 2,
+        "gather_nd": lambda indices: torch_masked.gather_nd(base[:, 0], indices[:, :1]) + 1,
+    }
+    good, bad = (torch.tensor([[0, 0], [row, 1]], device=device) for row in (3, 4))
+    torch._dynamo.reset()
+    with torch_masked.compile.opaque(opaque):
+        for op, chain in chains.items():
+            compiled = torch.compile(chain, fullgraph=True)
+            exact(compiled(good), chain(good))
+            # One bad row, 4 in dimension 0 of size 4.
+            row, shape = ("4", "4, 0") if op == "gather_nd" else ("4, 1", "4, 2, 0")
+            message = (rf"{op}: expected every index within shape \[{shape}\], got \[{row}\] at indices\[1\] "
+                       r"\(4 is out of range for dimension 0 of size 4\)")
+            for call in (chain, compiled):
+                with pytest.raises(IndexError, match=message):
+                    call(bad)
+
+
 def generated_kernels(code):
     """The kernels in Inductor's generated modules, their names left out."""
     return sorted(re.sub(r"\b(cpp|triton)_\w+", "kernel", source)

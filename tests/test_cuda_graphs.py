@@ -156,7 +156,7 @@ def test_sync_free_calls_are_captured_and_replay_with_new_inputs(device):
 READS_BACK_OPS = {
     masked.nonzero.default, masked.nonzero_tuple.default, masked.boolean_mask.default, masked.scatter_nd.default,
     masked.tensor_scatter_nd_add.default, masked.tensor_scatter_nd_add_.default, masked.gather_nd.default,
-    masked.check_gather_nd_indices.default,
+    masked.check_gather_nd_indices.default, masked.check_indices_in_bounds.default,
 }
 
 
@@ -175,17 +175,19 @@ def every_op(t):
     ]
     masked.tensor_scatter_nd_add_(t["x"].clone(), t["indices"], t["updates"])
     masked.check_gather_nd_indices(t["indices"], [6, 5], t["flag"])
+    masked.check_indices_in_bounds("gather_nd", t["indices"], [6, 5], 0)
     return results
 
 
 def test_inductor_sees_the_ops_that_read_back_as_cudagraph_unsafe():
     """Inductor's own test of a graph's nodes, which mode="reduce-overhead"
-    uses to run them between its CUDA graphs, flags exactly the ops whose
-    CUDA kernels read back (their tag: masked.cpp)."""
+    uses to run them between its CUDA graphs, flags exactly the ops that
+    read back on CUDA (their tag: csrc/masked.cpp, and for the bounds check
+    written in Python, torch_masked/ops/scatter_nd.py)."""
     graph = make_fx(every_op)(index_inputs("cpu")).graph
     ours = {node.target for node in graph.nodes
             if isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "masked"}
-    assert len(ours) == 14
+    assert len(ours) == 15
     assert {node.target for node in graph.nodes if is_cudagraph_unsafe_fx_node(node)} == READS_BACK_OPS
 
 

@@ -291,6 +291,32 @@ def _clamped_positions(row_entries):
             for entry, size in row_entries]
 
 
+def _call_of_ours(lowering, op):
+    """Inductor's call of our kernel `op` (gather_nd, scatter_nd or
+    tensor_scatter_nd_add), followed, where check_bounds is set and the
+    result has no elements, by masked::check_indices_in_bounds: Inductor
+    reads nothing of a tensor with no elements, so it would drop the call
+    that makes one as unused, and with it the IndexError an eager call
+    raises (a scatter into shape [0, 2], or into [8, 0] by a row past 8).
+    Native index_put's error is lost so; ours is kept."""
+    from torch._inductor.virtualized import V
+
+    call = lowering.fallback_handler(op, add_to_fallback_set=False)
+    check = lowering.fallback_handler(torch.ops.masked.check_indices_in_bounds.default, add_to_fallback_set=False)
+    name = op.name().split("::")[1]
+    indices_position = [argument.name for argument in op._schema.arguments].index("indices")
+
+    def call_ours(*args, check_bounds):
+        result = call(*args, check_bounds=check_bounds)
+        if check_bounds and V.graph.sizevars.statically_known_true(sympy.Eq(result.get_numel(), 0)):
+            # The shape the rows index: params' for a gather, the result's for a scatter.
+            shape = args[0].get_size() if op is torch.ops.masked.gather_nd.default else result.get_size()
+            check(name, args[indices_position], list(shape), 0)
+        return result
+
+    return call_ours
+
+
 def _gather_nd_lowering(lowering):
     """masked::gather_nd as Inductor's own loop, and the op's call where it
     declines.
@@ -319,8 +345,7 @@ def _gather_nd_lowering(lowering):
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
 
-    gather_nd = torch.ops.masked.gather_nd.default
-    call_ours = lowering.fallback_handler(gather_nd, add_to_fallback_set=False)
+    call_ours = _call_of_ours(lowering, torch.ops.masked.gather_nd.default)
     raise_if_out_of_bounds = lowering.fallback_handler(
         torch.ops.masked.check_gather_nd_indices.default, add_to_fallback_set=False
     )
@@ -442,7 +467,7 @@ def _scatter_add_into(target, indices, updates):
 def _scatter_nd_lowering(lowering):
     """masked::scatter_nd as zeros and Inductor's own scatter where
     _adds_in_inductor says so; else our kernel."""
-    call_ours = lowering.fallback_handler(torch.ops.masked.scatter_nd.default, add_to_fallback_set=False)
+    call_ours = _call_of_ours(lowering, torch.ops.masked.scatter_nd.default)
 
     def lower(indices, updates, shape, *, check_bounds=True):
         if not _adds_in_inductor(updates.get_device(), updates.get_dtype(), indices, list(shape), check_bounds):
@@ -457,7 +482,7 @@ def _scatter_nd_lowering(lowering):
 def _tensor_scatter_nd_add_lowering(lowering):
     """masked::tensor_scatter_nd_add as a copy of `tensor` and Inductor's own
     scatter into it where _adds_in_inductor says so; else our kernel."""
-    call_ours = lowering.fallback_handler(torch.ops.masked.tensor_scatter_nd_add.default, add_to_fallback_set=False)
+    call_ours = _call_of_ours(lowering, torch.ops.masked.tensor_scatter_nd_add.default)
 
     def lower(tensor, indices, updates, *, check_bounds=True):
         if not _adds_in_inductor(tensor.get_device(), tensor.get_dtype(), indices, list(tensor.get_size()),

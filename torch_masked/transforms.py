@@ -31,7 +31,6 @@ Sections follow the ops' order: nonzero, where, select, boolean_mask,
 scatter_nd, gather_nd, tensor_scatter_nd_add.
 """
 import math
-from collections.abc import Sequence
 
 import torch
 
@@ -130,40 +129,6 @@ def _check_bounds(op, indices, dim, shape):
         indices = indices.movedim(dim, 0)
     indices, batch_dims = _every_sample(indices)
     _ops.check_indices_in_bounds(op, indices, shape, batch_dims + (dim is not None))
-
-
-@torch.library.custom_op("masked::check_indices_in_bounds", mutates_args=())
-def _check_indices_in_bounds(op: str, indices: torch.Tensor, shape: Sequence[int], batch_dims: int) -> None:
-    """_check_bounds' test of every sample's index rows, `indices` of shape
-    [*batch (batch_dims), *rows, K]. An op of its own, returning nothing (a
-    side effect that Inductor keeps): a compiled vmap then calls it, where
-    tracing its host read would fail. One host sync, as the kernel's check has."""
-    depth = indices.shape[-1]
-    if depth == 0 or indices.numel() == 0:
-        return
-    # int64 even for int32 indices: a dimension may have 2**31 or more elements.
-    sizes = torch.tensor(shape[:depth], dtype=torch.int64, device=indices.device)
-    bad = ((indices < 0) | (indices >= sizes)).any(-1)
-    if not bad.any():
-        return
-    position = [int(p) for p in torch.nonzero(bad)[0]]
-    index = [int(v) for v in indices[tuple(position)]]
-    position = position[batch_dims:]
-    bad_dim = next(j for j, v in enumerate(index) if not 0 <= v < shape[j])
-    where = "indices" + (f"[{', '.join(map(str, position))}]" if position else "")
-    raise IndexError(
-        f"{op}: expected every index within shape [{', '.join(map(str, shape))}], got "
-        f"[{', '.join(map(str, index))}] at {where} ({index[bad_dim]} is out of range for dimension "
-        f"{bad_dim} of size {shape[bad_dim]})"
-    )
-
-
-@_check_indices_in_bounds.register_fake
-def _check_indices_in_bounds_fake(op, indices, shape, batch_dims):
-    return None
-
-
-torch.fx.node.has_side_effect(_ops.check_indices_in_bounds.default)
 
 
 def _to_branch(grad, shape, dtype):

@@ -3,7 +3,10 @@ kernels and the front doors ``torch_masked.scatter_nd``, ``gather_nd`` and
 ``tensor_scatter_nd_add``; the fake kernels of two ops that
 torch_masked/compile.py puts in compiled graphs: the raising half of
 gather_nd's bounds check, masked::check_gather_nd_indices, and
-tensor_scatter_nd_add's in-place form, masked::tensor_scatter_nd_add_.
+tensor_scatter_nd_add's in-place form, masked::tensor_scatter_nd_add_; and
+masked::check_indices_in_bounds, the three ops' bounds check as an op of its
+own (in Python), which vmap and compiled graphs call where the kernels' own
+check cannot raise.
 
 Each backward is one of the other two ops (scatter <-> gather), in
 csrc/autograd/scatter_nd_autograd.cpp.
@@ -121,6 +124,48 @@ def _check_gather_nd_indices_fake(indices, params_shape, out_of_bounds):
         raise ValueError(
             f"check_gather_nd_indices: expected a 0-d out_of_bounds, got shape {list(out_of_bounds.shape)}"
         )
+
+
+# Reads the indices back (as the kernels' own check does), so it is kept out
+# of CUDA graphs as they are (csrc/masked.cpp:kReadsBackToHost).
+@torch.library.custom_op("masked::check_indices_in_bounds", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _check_indices_in_bounds(op: str, indices: torch.Tensor, shape: Sequence[int], batch_dims: int) -> None:
+    """The kernels' IndexError of `op` for the first index row outside
+    `shape` (csrc/scatter_nd_index.h:raise_out_of_bounds), `indices` of shape
+    [*batch (batch_dims), *rows, K], the row named within its sample. An op
+    of its own, returning nothing (a side effect that Inductor keeps), for
+    where the kernel's own check cannot raise it: under vmap, for every
+    sample (torch_masked/transforms.py:_check_bounds), and in compiled graphs
+    for a call whose result has no elements, which Inductor would drop
+    (torch_masked/compile.py:_call_of_ours). Tracing its host read
+    would fail, so a compiled graph calls it. One host sync, as the kernel's
+    check has."""
+    depth = indices.shape[-1]
+    if depth == 0 or indices.numel() == 0:
+        return
+    # int64 even for int32 indices: a dimension may have 2**31 or more elements.
+    sizes = torch.tensor(shape[:depth], dtype=torch.int64, device=indices.device)
+    bad = ((indices < 0) | (indices >= sizes)).any(-1)
+    if not bad.any():
+        return
+    position = [int(p) for p in torch.nonzero(bad)[0]]
+    index = [int(v) for v in indices[tuple(position)]]
+    position = position[batch_dims:]
+    bad_dim = next(j for j, v in enumerate(index) if not 0 <= v < shape[j])
+    where = "indices" + (f"[{', '.join(map(str, position))}]" if position else "")
+    raise IndexError(
+        f"{op}: expected every index within shape [{', '.join(map(str, shape))}], got "
+        f"[{', '.join(map(str, index))}] at {where} ({index[bad_dim]} is out of range for dimension "
+        f"{bad_dim} of size {shape[bad_dim]})"
+    )
+
+
+@_check_indices_in_bounds.register_fake
+def _check_indices_in_bounds_fake(op, indices, shape, batch_dims):
+    return None
+
+
+torch.fx.node.has_side_effect(torch.ops.masked.check_indices_in_bounds.default)
 
 
 def _as_tensor(value, device, partner_dtype=None):
