@@ -336,6 +336,11 @@ def test_errors(device):
         boolean_mask_op(tensor, torch.ones(3, device=device))
     with pytest.raises(TypeError, match=r"got torch.uint8"):
         boolean_mask_op(tensor, torch.ones(3, dtype=torch.uint8, device=device))
+    # Array-likes that make no tensor: the front door names the argument.
+    with pytest.raises(RuntimeError, match=r"^boolean_mask: cannot make a tensor of tensor = None: "):
+        torch_masked.boolean_mask(None, mask)
+    with pytest.raises(TypeError, match=r"^boolean_mask: cannot make a tensor of mask = 'ab': "):
+        torch_masked.boolean_mask(tensor, "ab")
     with pytest.raises(
         ValueError,
         match=r"boolean_mask: expected mask.shape to equal tensor.shape\[0:1\], got mask.shape=\[4\] "

@@ -233,6 +233,17 @@ def test_dtypes_without_a_zero_are_refused(device, dtype):
             torch_masked.nonzero_static(static_input, size=size)
 
 
+def test_only_tensors_are_taken():
+    # As torch.nonzero: no array-likes (tf.where takes them: torch_masked.where).
+    for value, shown in [(None, "NoneType"), ([1, 0], "list")]:
+        with pytest.raises(TypeError, match=rf"^nonzero: expected input to be a tensor, got {shown}$"):
+            torch_masked.nonzero(value)
+        with pytest.raises(TypeError, match=rf"^nonzero: expected input to be a tensor, got {shown}$"):
+            torch_masked.nonzero(value, as_tuple=True)
+        with pytest.raises(TypeError, match=rf"^nonzero_static: expected input to be a tensor, got {shown}$"):
+            torch_masked.nonzero_static(value, size=2)
+
+
 def test_misaligned_inputs():
     # 16-byte elements are loaded with aligned vector moves on the CPU (and
     # torch's own kernels fault on such a tensor); smaller ones load unaligned.

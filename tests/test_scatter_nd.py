@@ -891,6 +891,16 @@ def test_shape_and_dtype_errors(device):
         torch_masked.scatter_nd(idx, upd, [3.0])
     with pytest.raises(TypeError, match=r"scatter_nd: expected shape of integers, got \[True, 3\]"):
         torch_masked.scatter_nd(idx[:, :0], torch.ones(2, 1, 3, device=device), [True, 3])  # torch.zeros refuses it too
+    # Array-likes that make no tensor: the front doors name the argument.
+    with pytest.raises(RuntimeError, match=r"^scatter_nd: cannot make a tensor of indices = None: "):
+        torch_masked.scatter_nd(None, upd, [3])
+    with pytest.raises(RuntimeError, match=r"^scatter_nd: cannot make a tensor of updates = \[None\]: "):
+        torch_masked.scatter_nd([[0]], [None], [3])
+    with pytest.raises(ValueError, match=r"^gather_nd: cannot make a tensor of params = \[\[1\], \[2, 3\]\]: "):
+        torch_masked.gather_nd([[1], [2, 3]], idx)
+    with pytest.raises(RuntimeError, match=r"^tensor_scatter_nd_add: cannot make a tensor of updates = \[300\]: "
+                                           r"value cannot be converted to type int8 without overflow"):
+        torch_masked.tensor_scatter_nd_add(torch.zeros(3, dtype=torch.int8, device=device), idx[:1], [300])
     for shape, shown in [(3, "3"), (torch.tensor(3), "3"), (None, "None")]:
         with pytest.raises(TypeError, match=rf"scatter_nd: expected shape to be a sequence of sizes \(a list, tuple, "
                                             rf"torch.Size or 1-D tensor\), got {shown}$"):

@@ -655,6 +655,22 @@ def test_errors(device):
                              torch.tensor(2.0, device=device))
 
 
+def test_arguments_that_make_no_tensor_are_named():
+    # torch's own error for an array-like it makes no tensor of names neither
+    # the op nor the argument; the front doors add both, and the value.
+    c, x = torch.tensor([True, False]), torch.ones(2)
+    with pytest.raises(RuntimeError, match=r"^where: cannot make a tensor of condition = None: Could not infer dtype"):
+        torch_masked.where(None)
+    with pytest.raises(RuntimeError, match=r"^where: cannot make a tensor of condition = \[True, None\]: "):
+        torch_masked.where([True, None], x, 2.0)
+    with pytest.raises(TypeError, match=r"^where: cannot make a tensor of y = 'a': "):
+        torch_masked.where(c, x, "a")
+    with pytest.raises(TypeError, match=r"^where: cannot make a tensor of x = \[1, \[2\]\]: "):
+        torch_masked.where(c, [1, [2]], x)
+    with pytest.raises(RuntimeError, match=r"^select: cannot make a tensor of condition = None: "):
+        torch_masked.select(None, x, x)
+
+
 def test_misaligned_complex128_is_refused():
     # torch.where itself faults on such a tensor.
     c = torch.tensor([True, False, True])

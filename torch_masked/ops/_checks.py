@@ -1,6 +1,7 @@
 """Checks shared by the fake kernels (each mirrors a TORCH_CHECK in csrc/ with
-the same message, so that eager, fake and compiled calls fail alike), and
-the data-dependent sizes they make."""
+the same message, so that eager, fake and compiled calls fail alike), the
+data-dependent sizes they make, and the front doors' making of tensors from
+array-likes."""
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
@@ -9,6 +10,20 @@ from torch.fx.experimental.symbolic_shapes import guard_or_true
 def check(cond, op, message):
     """torch._check with the op's name in front, as the C++ checks print it."""
     torch._check(cond, lambda: f"{op}: {message}")
+
+
+def as_tensor(op, name, value, **options):
+    """torch.as_tensor(value, **options), for a front door's argument given as
+    an array-like (a number, a nested list, a NumPy array). Where torch makes
+    no tensor of it (None, a string, a ragged list, a value the dtype cannot
+    hold), torch's error names neither the op nor the argument: raised again
+    with both, and the value."""
+    try:
+        return torch.as_tensor(value, **options)
+    except (TypeError, ValueError, RuntimeError) as error:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise type(error)(f"{op}: cannot make a tensor of {name} = {shown}: {error}") from error
 
 
 def check_same_device(op, **tensors):

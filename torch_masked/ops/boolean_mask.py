@@ -13,7 +13,7 @@ from typing import SupportsIndex
 import torch
 from torch.overrides import handle_torch_function
 
-from ._checks import bounded_dynamic_size, check_same_device, equal_or_unknown
+from ._checks import as_tensor, bounded_dynamic_size, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
 from ._types import TensorLike
 
@@ -103,8 +103,8 @@ def boolean_mask(tensor: TensorLike, mask: TensorLike, axis: SupportsIndex | Non
     if has_stand_in(tensor, mask, axis):
         return handle_torch_function(boolean_mask, (tensor, mask, axis), tensor, mask, axis)
     if not isinstance(tensor, torch.Tensor):
-        tensor = torch.as_tensor(tensor)
+        tensor = as_tensor("boolean_mask", "tensor", tensor)
     if not isinstance(mask, torch.Tensor):
-        mask = torch.as_tensor(mask, device=tensor.device)
+        mask = as_tensor("boolean_mask", "mask", mask, device=tensor.device)
     axis = 0 if axis is None else operator.index(axis)
     return _boolean_mask(tensor, mask, axis)

@@ -99,6 +99,8 @@ def nonzero(
     """
     if has_stand_in(input, out):
         return handle_torch_function(nonzero, (input, out), input, as_tuple=as_tuple, out=out)
+    if not isinstance(input, torch.Tensor):  # as torch.nonzero: no array-likes
+        raise TypeError(f"nonzero: expected input to be a tensor, got {type(input).__name__}")
     if as_tuple:
         if out is not None:
             raise ValueError("nonzero: out= is not supported with as_tuple=True")
@@ -115,4 +117,6 @@ def nonzero(
 def nonzero_static(input: torch.Tensor, *, size: int | torch.SymInt, fill_value: int = -1) -> torch.Tensor:
     """The first ``size`` rows of ``nonzero(input)``, padded with ``fill_value``:
     a ``[size, input.dim()]`` int64 tensor, computed with no host-device sync."""
+    if not isinstance(input, torch.Tensor) and not has_stand_in(input):
+        raise TypeError(f"nonzero_static: expected input to be a tensor, got {type(input).__name__}")
     return _nonzero_static(input, size=size, fill_value=fill_value)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from ._checks import check, check_same_device, equal_or_unknown
+from ._checks import as_tensor, check, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
 from ._types import Shape, TensorLike
 
@@ -168,21 +168,22 @@ def _check_indices_in_bounds_fake(op, indices, shape, batch_dims):
 torch.fx.node.has_side_effect(torch.ops.masked.check_indices_in_bounds.default)
 
 
-def _as_tensor(value, device, partner_dtype=None):
+def _as_tensor(op, name, value, device, partner_dtype=None):
     """A tensor unchanged (so that a wrong dtype or device is still refused by
-    the op); a Python number, (nested) list or array made into one on
-    `device`. Beside a tensor of `partner_dtype` it takes that dtype unless
-    its values would change kind (1.7 truncated to 1, say): then it keeps its
-    own, and the op refuses the pair as it refuses such tensors."""
+    the op); a Python number, (nested) list or array (`op`'s argument `name`)
+    made into one on `device`. Beside a tensor of `partner_dtype` it takes
+    that dtype unless its values would change kind (1.7 truncated to 1, say):
+    then it keeps its own, and the op refuses the pair as it refuses such
+    tensors."""
     if isinstance(value, torch.Tensor):
         return value
-    own = torch.as_tensor(value, device=device)
+    own = as_tensor(op, name, value, device=device)
     if partner_dtype is None or own.dtype == partner_dtype:
         return own
     if own.numel() == 0 or _keeps_kind(own.dtype, partner_dtype):
         # Made again from the values, so that torch refuses one that
         # overflows partner_dtype, as torch.tensor does.
-        return torch.as_tensor(value, dtype=partner_dtype, device=device)
+        return as_tensor(op, name, value, dtype=partner_dtype, device=device)
     return own
 
 
@@ -197,12 +198,12 @@ def _keeps_kind(dtype, partner_dtype):
     return dtype == torch.bool or partner_dtype != torch.bool
 
 
-def _as_index_tensor(indices, device):
+def _as_index_tensor(op, indices, device):
     """Indices given as a (nested) list become an int64 tensor; a list of
     floats stays float, so that the op refuses it."""
     if isinstance(indices, torch.Tensor):
         return indices
-    indices = torch.as_tensor(indices, device=device)
+    indices = as_tensor(op, "indices", indices, device=device)
     if indices.numel() == 0 and indices.is_floating_point():
         indices = indices.long()
     return indices
@@ -242,8 +243,8 @@ def scatter_nd(indices: TensorLike, updates: TensorLike, shape: Shape, *, check_
         )
     if not (isinstance(indices, torch.Tensor) and isinstance(updates, torch.Tensor)):
         device = _device_of(indices, updates)
-        indices = _as_index_tensor(indices, device)
-        updates = _as_tensor(updates, indices.device)
+        indices = _as_index_tensor("scatter_nd", indices, device)
+        updates = _as_tensor("scatter_nd", "updates", updates, indices.device)
     if isinstance(shape, torch.Tensor):
         shape = shape.tolist()
     if not isinstance(shape, Sequence):
@@ -270,9 +271,10 @@ def tensor_scatter_nd_add(
             return handle_torch_function(
                 tensor_scatter_nd_add, (tensor, indices, updates), tensor, indices, updates, check_bounds=check_bounds
             )
-        tensor = _as_tensor(tensor, _device_of(tensor, indices, updates), _dtype_of(updates))
-        indices = _as_index_tensor(indices, tensor.device)
-        updates = _as_tensor(updates, tensor.device, tensor.dtype)
+        op = "tensor_scatter_nd_add"
+        tensor = _as_tensor(op, "tensor", tensor, _device_of(tensor, indices, updates), _dtype_of(updates))
+        indices = _as_index_tensor(op, indices, tensor.device)
+        updates = _as_tensor(op, "updates", updates, tensor.device, tensor.dtype)
     return _call(_tensor_scatter_nd_add, check_bounds, tensor, indices, updates)
 
 
@@ -283,6 +285,6 @@ def gather_nd(params: TensorLike, indices: TensorLike, *, check_bounds: bool = T
     if not (isinstance(params, torch.Tensor) and isinstance(indices, torch.Tensor)):
         if has_stand_in(params, indices):
             return handle_torch_function(gather_nd, (params, indices), params, indices, check_bounds=check_bounds)
-        params = _as_tensor(params, _device_of(params, indices))
-        indices = _as_index_tensor(indices, params.device)
+        params = _as_tensor("gather_nd", "params", params, _device_of(params, indices))
+        indices = _as_index_tensor("gather_nd", indices, params.device)
     return _call(_gather_nd, check_bounds, params, indices)

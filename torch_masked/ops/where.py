@@ -15,7 +15,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.overrides import handle_torch_function
 
-from ._checks import check, check_same_device, equal_or_unknown
+from ._checks import as_tensor, check, check_same_device, equal_or_unknown
 from ._overrides import has_stand_in
 from ._types import TensorLike
 
@@ -156,8 +156,8 @@ def _dtype_with_number(dtype, number):
     return torch.promote_types(dtype if dtype.is_floating_point else torch.get_default_dtype(), torch.complex32)
 
 
-def _as_tensor(value, partner, device):
-    """`value` as a tensor on `device`.
+def _as_tensor(op, name, value, partner, device):
+    """`value` (`op`'s argument `name`) as a tensor on `device`.
 
     A number next to a tensor `partner` becomes a 0-d tensor of the dtype
     torch.where gives the pair, torch.result_type(partner, value), so that it
@@ -179,7 +179,7 @@ def _as_tensor(value, partner, device):
         return torch.full((), value, dtype=dtype, device=device)
     if type(value) in _PYTHON_NUMBERS:  # a condition, or a number known only at run time
         return torch.full((), value, device=device)
-    return torch.as_tensor(value, device=device)
+    return as_tensor(op, name, value, device=device)
 
 
 def _number_dtype(number):
@@ -193,12 +193,13 @@ def _number_dtype(number):
     return _dtype_with_number(torch.bool, number)
 
 
-def _numbers_as_tensors(condition, x, y):
+def _numbers_as_tensors(op, condition, x, y):
     """Two numbers as 0-d tensors of their own dtypes: torch.full alone
     would make an int past int64 (2**63) int64, and a complex number under
     a float16 default dtype complex64."""
     device = _first_device(condition)
-    return (_as_tensor(condition, None, device), torch.full((), x, dtype=_number_dtype(x), device=device),
+    return (_as_tensor(op, "condition", condition, None, device),
+            torch.full((), x, dtype=_number_dtype(x), device=device),
             torch.full((), y, dtype=_number_dtype(y), device=device))
 
 
@@ -211,12 +212,13 @@ def _are_numbers(x, y):
     return isinstance(x, _ANY_NUMBER) and isinstance(y, _ANY_NUMBER)
 
 
-def _as_tensors(condition, x, y):
+def _as_tensors(op, condition, x, y):
     """All three as tensors, on the device of the first one given as a tensor."""
     if _are_numbers(x, y):
-        return _numbers_as_tensors(condition, x, y)
+        return _numbers_as_tensors(op, condition, x, y)
     device = _first_device(condition, x, y)
-    return _as_tensor(condition, None, device), _as_tensor(x, y, device), _as_tensor(y, x, device)
+    return (_as_tensor(op, "condition", condition, None, device), _as_tensor(op, "x", x, y, device),
+            _as_tensor(op, "y", y, x, device))
 
 
 def _is_number(value):
@@ -247,21 +249,22 @@ def where(condition: TensorLike, x: TensorLike | None = None, y: TensorLike | No
         return handle_torch_function(where, (condition, x, y), condition, x, y)
     if x is None and y is None:
         if not isinstance(condition, torch.Tensor):
-            condition = torch.tensor(condition)
+            condition = as_tensor("where", "condition", condition)
         return _where_indices(condition)
     if x is None or y is None:
         raise ValueError("where: expected both x and y or neither, got only " + ("x" if y is None else "y"))
     number_x, number_y = _is_number(x), _is_number(y)
     if number_x == number_y:
-        return _where_self(*_as_tensors(condition, x, y))
+        return _where_self(*_as_tensors("where", condition, x, y))
     # One number: it goes to the kernel as a value (where.ScalarSelf,
     # where.ScalarOther), with no tensor made for it on the device.
     tensor = y if number_x else x
     if not (isinstance(condition, torch.Tensor) and isinstance(tensor, torch.Tensor)):
         if _are_numbers(x, y):  # the other a NumPy scalar, or known only at run time
-            return _where_self(*_numbers_as_tensors(condition, x, y))
+            return _where_self(*_numbers_as_tensors("where", condition, x, y))
         device = _first_device(condition, tensor)
-        condition, tensor = _as_tensor(condition, None, device), _as_tensor(tensor, None, device)
+        condition = _as_tensor("where", "condition", condition, None, device)
+        tensor = _as_tensor("where", "y" if number_x else "x", tensor, None, device)
     if number_x:
         return _where_number_x(condition, x, tensor)
     return _where_number_y(condition, tensor, y)
@@ -276,4 +279,4 @@ def select(condition: TensorLike, x: TensorLike, y: TensorLike) -> torch.Tensor:
         return _select(condition, x, y)  # the common call, first
     if has_stand_in(condition, x, y):
         return handle_torch_function(select, (condition, x, y), condition, x, y)
-    return _select(*_as_tensors(condition, x, y))
+    return _select(*_as_tensors("select", condition, x, y))
