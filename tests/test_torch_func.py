@@ -556,6 +556,30 @@ def test_compiled_vmap_checks_indices_as_eager(dynamic):
             compiled(*bad)
 
 
+def test_compiled_vmap_of_boolean_mask_runs_as_native_does():
+    """A vmap whose result's size depends on the data: with fullgraph=True
+    ours compiles, or fails, as x[:, mask] does (torch 2.14 fails to trace
+    both: the README's known limit); without, values as eager's."""
+    x, mask = rand(3, 2, 4), torch.tensor([True, False, True, True])
+    ours, native = vmap(lambda t: torch_masked.boolean_mask(t, mask, axis=1)), vmap(lambda t: t[:, mask])
+
+    def outcome(fn):
+        torch._dynamo.reset()
+        try:
+            return torch.compile(fn, fullgraph=True)(x)
+        except Exception as error:  # noqa: BLE001 -- PyTorch's own failure, compared below
+            return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+
+    ours_outcome, native_outcome = outcome(ours), outcome(native)
+    if isinstance(native_outcome, str):
+        assert ours_outcome == native_outcome
+    else:
+        torch.testing.assert_close(ours_outcome, native_outcome, rtol=0, atol=0)
+    for fn in (ours, native):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn)(x), x[:, :, mask], rtol=0, atol=0)
+
+
 def test_vmap_int32_indices_into_a_dimension_past_int32():
     """int32 indices are checked against sizes of 2**31 and more as in eager
     (zero-width slices: no memory behind the shapes)."""
