@@ -291,10 +291,11 @@ def _clamped_positions(row_entries):
             for entry, size in row_entries]
 
 
-def _call_of_ours(lowering, op):
+def _call_of_ours(lowering, op, rows_and_shape):
     """Inductor's call of our kernel `op` (gather_nd, scatter_nd or
     tensor_scatter_nd_add), followed, where check_bounds is set and the
-    result has no elements, by masked::check_indices_in_bounds: Inductor
+    result has no elements, by masked::check_indices_in_bounds of the index
+    rows against the shape they index (`rows_and_shape(*args)`): Inductor
     reads nothing of a tensor with no elements, so it would drop the call
     that makes one as unused, and with it the IndexError an eager call
     raises (a scatter into shape [0, 2], or into [8, 0] by a row past 8).
@@ -304,14 +305,12 @@ def _call_of_ours(lowering, op):
     call = lowering.fallback_handler(op, add_to_fallback_set=False)
     check = lowering.fallback_handler(torch.ops.masked.check_indices_in_bounds.default, add_to_fallback_set=False)
     name = op.name().split("::")[1]
-    indices_position = [argument.name for argument in op._schema.arguments].index("indices")
 
     def call_ours(*args, check_bounds):
         result = call(*args, check_bounds=check_bounds)
         if check_bounds and V.graph.sizevars.statically_known_true(sympy.Eq(result.get_numel(), 0)):
-            # The shape the rows index: params' for a gather, the result's for a scatter.
-            shape = args[0].get_size() if op is torch.ops.masked.gather_nd.default else result.get_size()
-            check(name, args[indices_position], list(shape), 0)
+            indices, shape = rows_and_shape(*args)
+            check(name, indices, list(shape), 0)
         return result
 
     return call_ours
@@ -345,7 +344,8 @@ def _gather_nd_lowering(lowering):
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
 
-    call_ours = _call_of_ours(lowering, torch.ops.masked.gather_nd.default)
+    call_ours = _call_of_ours(lowering, torch.ops.masked.gather_nd.default,
+                              lambda params, indices: (indices, params.get_size()))
     raise_if_out_of_bounds = lowering.fallback_handler(
         torch.ops.masked.check_gather_nd_indices.default, add_to_fallback_set=False
     )
@@ -467,7 +467,8 @@ def _scatter_add_into(target, indices, updates):
 def _scatter_nd_lowering(lowering):
     """masked::scatter_nd as zeros and Inductor's own scatter where
     _adds_in_inductor says so; else our kernel."""
-    call_ours = _call_of_ours(lowering, torch.ops.masked.scatter_nd.default)
+    call_ours = _call_of_ours(lowering, torch.ops.masked.scatter_nd.default,
+                              lambda indices, updates, shape: (indices, shape))
 
     def lower(indices, updates, shape, *, check_bounds=True):
         if not _adds_in_inductor(updates.get_device(), updates.get_dtype(), indices, list(shape), check_bounds):
@@ -482,7 +483,8 @@ def _scatter_nd_lowering(lowering):
 def _tensor_scatter_nd_add_lowering(lowering):
     """masked::tensor_scatter_nd_add as a copy of `tensor` and Inductor's own
     scatter into it where _adds_in_inductor says so; else our kernel."""
-    call_ours = _call_of_ours(lowering, torch.ops.masked.tensor_scatter_nd_add.default)
+    call_ours = _call_of_ours(lowering, torch.ops.masked.tensor_scatter_nd_add.default,
+                              lambda tensor, indices, updates: (indices, tensor.get_size()))
 
     def lower(tensor, indices, updates, *, check_bounds=True):
         if not _adds_in_inductor(tensor.get_device(), tensor.get_dtype(), indices, list(tensor.get_size()),
