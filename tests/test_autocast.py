@@ -72,7 +72,7 @@ def test_tensor_scatter_nd_add_casts_to_the_wider_dtype(device, tensor_dtype, up
     generator = torch.Generator().manual_seed(1)
     tensor = torch.randn(6, 4, generator=generator).to(device, tensor_dtype).requires_grad_()
     updates = torch.randn(3, 4, generator=generator).to(device, updates_dtype).requires_grad_()
-    # No duplicates: each sum rounded once, on the CPU and by CUDA's atomics alike.
+    # No duplicates: each sum rounded once, on every device and path.
     indices = torch.tensor([[1], [3], [4]], device=device)
     with torch.autocast(device, dtype=torch.bfloat16):
         result = torch_masked.tensor_scatter_nd_add(tensor, indices, updates)

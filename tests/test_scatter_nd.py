@@ -104,10 +104,11 @@ def assert_same(actual, expected, loose=False):
 
 def assert_scatter_matches(actual, indices, updates, shape, base=None, loose=False):
     """actual is tensor_scatter_nd_add(base, indices, updates) (scatter_nd when
-    base is None). float16 and bfloat16 sums may round at every add (the CUDA
-    atomic path does; the others round once): each element within
-    (adds + 1) * u * (|base| + sum of |updates|) of the exact sum, u the unit
-    roundoff, adds the number of updates summed into it."""
+    base is None). float16 and bfloat16 sums are made in float32 and rounded
+    once, on every device and path: each element within half a unit in the
+    last place of the exact sum (or of the smallest subnormal), plus what
+    float32 sums in any order may stray, 2 * (adds + 1) * 2**-24 * (|base| +
+    sum of |updates|), adds the number of updates summed into it."""
     expected = reference_scatter(indices, updates, shape, base)
     if updates.dtype not in (torch.float16, torch.bfloat16):
         assert_same(actual, expected, loose)
@@ -117,7 +118,9 @@ def assert_scatter_matches(actual, indices, updates, shape, base=None, loose=Fal
     exact = reference_scatter(indices, updates.double(), shape, wide_base)
     adds = reference_scatter(indices, torch.ones_like(updates, dtype=torch.float64), shape)
     magnitude = reference_scatter(indices, updates.double().abs(), shape, None if base is None else wide_base.abs())
-    bound = (adds + 1) * (torch.finfo(updates.dtype).eps / 2) * magnitude
+    info = torch.finfo(updates.dtype)
+    rounding = info.eps / 2 * torch.maximum(exact.abs(), torch.tensor(info.smallest_normal, dtype=torch.float64))
+    bound = rounding + 2 * (adds + 1) * 2**-24 * magnitude
     error = (actual.cpu().double() - exact).abs()
     assert (error <= bound).all(), f"error past its bound by up to {(error - bound).max().item()}"
 
@@ -147,8 +150,7 @@ def test_values_every_depth_and_batch_rank(device, dtype, index_dtype):
 def test_larger_inputs_match_references(device, dtype):
     """Big enough that the CPU splits the work among threads (by slots, and by
     columns when there are few slots). Up to 50 updates land on one element:
-    bfloat16 takes whole numbers, whose sums no order of adding rounds (the
-    CUDA atomic path rounds at every add)."""
+    bfloat16 takes whole numbers, whose sums no order of adding rounds."""
     gen = torch.Generator().manual_seed(2)
     cases = [((50_000,), 1, 80_000), ((300, 700), 1, 900), ((1, 40_000), 1, 50), ((6, 7, 900), 2, 500), ((40, 900), 0, 30)]
     whole = dtype == torch.bfloat16
@@ -290,9 +292,46 @@ def test_cpu_half_slices_round_like_sums_into_zeros(dtype):
     assert not out[3, 0].signbit() and not out[5, 0].signbit()  # each a -0.0 that was a slot's one row
 
 
-# On CUDA, float32/half/bfloat16 outputs of up to 2**22 elements take the
-# fixed-point path, larger ones and the other types the sorted one.
+# On CUDA, in deterministic mode, float32/half/bfloat16 outputs of up to
+# 2**22 elements take the fixed-point path, larger ones and the other types
+# the sorted one; half and bfloat16 take those two paths in any mode.
 FIXED_POINT_MAX_ELEMENTS = 2**22
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("size", [8, FIXED_POINT_MAX_ELEMENTS + 16], ids=["fixed_point", "sorted"])
+def test_half_sums_with_many_updates_round_once(device, dtype, size):
+    """5000 updates, 90% of them on one destination, in any mode: the sums
+    are the exact ones rounded once. Whole numbers, whose float32 sums are
+    exact: added in dtype one at a time, a bfloat16 sum of ones stops at 256
+    (256 + 1 rounds back to 256) and a float16 one at 2048. So gather_nd's
+    gradient at a row gathered many times is the sum of its gradients."""
+    gen = torch.Generator().manual_seed(12)
+    rows = 5000
+    indices = torch.randint(1, 8, (rows, 1), generator=gen)
+    indices[torch.rand(rows, generator=gen) < 0.9] = 0
+    updates = torch.randint(-1, 3, (rows,), generator=gen).to(dtype)
+    ones = torch.ones(rows, dtype=dtype)
+    base = torch.randint(-3, 4, (size,), generator=gen).to(dtype)
+    indices_d, updates_d = indices.to(device), updates.to(device)
+
+    def exact(values, start=None):
+        wide = torch.zeros(size, dtype=torch.float64) if start is None else start.double()
+        return wide.index_add(0, indices[:, 0], values.double()).to(dtype)
+
+    assert exact(ones)[0] > 4000
+    for deterministic in (False, True):
+        with deterministic_algorithms() if deterministic else contextlib.nullcontext():
+            scattered = torch_masked.scatter_nd(indices_d, updates_d, [size])
+            counted = torch_masked.scatter_nd(indices_d, ones.to(device), [size])
+            added = torch_masked.tensor_scatter_nd_add(base.to(device), indices_d, updates_d)
+            params = torch.zeros(size, dtype=dtype, device=device, requires_grad=True)
+            torch_masked.gather_nd(params, indices_d).backward(updates_d)
+        assert torch.equal(scattered.cpu(), exact(updates))
+        assert torch.equal(counted.cpu(), exact(ones))
+        assert torch.equal(added.cpu(), exact(updates, base))
+        assert torch.equal(params.grad.cpu(), exact(updates))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -40,6 +40,8 @@ index rule (a row out of bounds adds nothing; negative indices never wrap):
 on an H200 the GPU did the same work for both, and Inductor's chain saved
 the host the call of our op (ours 1.03-1.18 of native's). With check_bounds
 they stay ours: the IndexError needs the bounds flag read back either way.
+So do float16 and bfloat16 scatters, which our CUDA kernel sums in float and
+rounds once, where Triton's atomic adds would round at every add.
 """
 from __future__ import annotations
 
@@ -406,9 +408,11 @@ def _gather_nd_lowering(lowering):
     return lower
 
 
-# The dtypes whose atomic add Triton generates on the GPUs we build for
-# (bfloat16 from sm_90: Inductor's own rule, needs_fallback_due_to_atomic_add_limitations).
-_TRITON_ATOMIC_ADD_DTYPES = frozenset([torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32])
+# The dtypes whose sums Triton's atomic adds make as our kernel does: not
+# float16 and bfloat16, which they round at every add (a bfloat16 sum of ones
+# stops at 256), where our CUDA kernel rounds once; not int64 and bool, which
+# Inductor does not add atomically.
+_TRITON_ATOMIC_ADD_DTYPES = frozenset([torch.float32, torch.float64, torch.int32])
 
 
 def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
@@ -419,7 +423,6 @@ def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
     ATen's), and where a row out of bounds can add into the first element
     (_first_element_stands_in)."""
     from torch._inductor import config
-    from torch._inductor.utils import needs_fallback_due_to_atomic_add_limitations
 
     backend = {"cuda": getattr(config, "cuda_backend", "triton"), "cpu": config.cpu_backend}.get(device.type)
     return (
@@ -428,7 +431,6 @@ def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
         and backend == "triton"
         and not torch.are_deterministic_algorithms_enabled()
         and dtype in _TRITON_ATOMIC_ADD_DTYPES
-        and not needs_fallback_due_to_atomic_add_limitations(dtype)
         and _first_element_stands_in(indices, sizes)
     )
 

@@ -3,22 +3,28 @@
 // bounds check, masked::check_gather_nd_indices.
 //
 // Scatter has three paths:
-// - atomic (the default): one thread per update element, atomically added
-//   to its destination; bool ORs, integers add exactly, so both stay on this
+// - atomic (float, double and complex outside deterministic mode; integers
+//   and bool always): one thread per update element, atomically added to
+//   its destination; bool ORs, integers add exactly, so both stay on this
 //   path even in deterministic mode;
-// - fixed point (float, half and bfloat16 when
-//   torch.are_deterministic_algorithms_enabled(), outputs of at most
+// - fixed point (float when torch.are_deterministic_algorithms_enabled(),
+//   and half and bfloat16 always, outputs of at most
 //   kFixedPointMaxElements): each destination takes a scale from the largest
 //   update it receives, every update becomes an integer at that scale, and
 //   integer atomic adds are exact, so the sum does not depend on their order;
-// - sorted (the other floating and complex types, or larger outputs, in
-//   deterministic mode): the index rows (or, for slices of one element, the
-//   updates themselves) are stable-sorted by destination slot with CUB's
-//   radix sort, then each run of equal slots is summed in index order, in
-//   the accumulation type, from the output's value; a run longer than a
-//   chunk of about sqrt(rows) sorted positions chunk by chunk, its chunk sums
-//   then added in order.
-// Both deterministic paths give the same bits on every run.
+// - sorted (the other floating and complex types in deterministic mode, and
+//   the larger outputs of those above): the index rows (or, for slices of
+//   one element, the updates themselves) are stable-sorted by destination
+//   slot with CUB's radix sort, then each run of equal slots is summed in
+//   index order, in the accumulation type, from the output's value; a run
+//   longer than a chunk of about sqrt(rows) sorted positions chunk by chunk,
+//   its chunk sums then added in order.
+// Both deterministic paths give the same bits on every run, and round a
+// half or bfloat16 sum once. Their atomic adds would round at every add,
+// and a destination taking many updates would stop growing (a bfloat16 sum
+// of ones stays at 256, where 256 + 1 rounds back to 256): so those two
+// types never take the atomic path, as ATen's index_put_ sums them in
+// float too.
 //
 // Bounds: every kernel records the first index row out of bounds with an
 // atomicMin into one int64 on the device. With check_bounds the host reads
@@ -38,8 +44,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/accumulate.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <math_constants.h>
 #include <torch/library.h>
 
@@ -110,23 +114,12 @@ __device__ inline void atomic_accumulate(T* address, T v) {
   } else if constexpr (std::is_same_v<T, int64_t>) {
     // Two's complement: an unsigned add is the signed add, wrapping alike.
     atomicAdd(reinterpret_cast<unsigned long long*>(address), static_cast<unsigned long long>(v));
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-    __half_raw raw;
-    raw.x = v.x;
-    atomicAdd(reinterpret_cast<__half*>(address), __half(raw));
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    atomic_add_in_word(address, v);
-#else
-    __nv_bfloat16_raw raw;
-    raw.x = v.x;
-    atomicAdd(reinterpret_cast<__nv_bfloat16*>(address), __nv_bfloat16(raw));
-#endif
   } else if constexpr (std::is_same_v<T, c10::complex<float>> || std::is_same_v<T, c10::complex<double>>) {
     using part_t = typename T::value_type;
     atomicAdd(reinterpret_cast<part_t*>(address), v.real());
     atomicAdd(reinterpret_cast<part_t*>(address) + 1, v.imag());
   } else {
+    static_assert(std::is_integral_v<T>, "half and bfloat16 sums never take the atomic path");
     atomic_add_in_word(address, v);  // uint8, int8, int16
   }
 }
@@ -575,6 +568,13 @@ __global__ void fixed_point_finish_kernel(const uint32_t* codes, const unsigned 
   }
 }
 
+// Whether a scatter of floating or complex updates takes a deterministic
+// path: in deterministic mode, and always for half and bfloat16 (see the top
+// of this file).
+bool sums_deterministically(bool deterministic_mode, at::ScalarType dtype) {
+  return deterministic_mode || dtype == at::kHalf || dtype == at::kBFloat16;
+}
+
 // Whether a deterministic scatter sums in fixed point: float, half or
 // bfloat16 updates (at least one) into an output of at most
 // kFixedPointMaxElements elements.
@@ -636,9 +636,10 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
   const c10::cuda::CUDAGuard guard(updates.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor output = into_tensor ? *tensor : scatter_output(shape, updates.options());
-  // Read once: the output is left unzeroed below only for the path chosen
-  // by this same reading, even if another thread changes the mode meanwhile.
-  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  // The mode read once: the output is left unzeroed below only for the path
+  // chosen by this same reading, even if another thread changes it meanwhile.
+  const bool deterministic =
+      sums_deterministically(at::globalContext().deterministicAlgorithms(), updates.scalar_type());
   // The fixed-point sums write every element of an output without a base.
   const bool fixed_point = takes_fixed_point(deterministic, updates.scalar_type(), g);
   if (into_tensor) {
@@ -683,7 +684,10 @@ at::Tensor scatter_into_cuda(const char* op, const at::Tensor* tensor, at::IntAr
           return;
         }
       }
-      for_each_update(g, index_data, update_data, first_bad_ptr, AtomicAdd<scalar_t>{out_data}, stream);
+      // Half and bfloat16 sums took a deterministic path above.
+      if constexpr (!std::is_same_v<scalar_t, at::Half> && !std::is_same_v<scalar_t, at::BFloat16>) {
+        for_each_update(g, index_data, update_data, first_bad_ptr, AtomicAdd<scalar_t>{out_data}, stream);
+      }
     });
   });
   first_bad.raise_if_any(op, indices, shape);

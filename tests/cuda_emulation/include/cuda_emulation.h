@@ -147,19 +147,6 @@ inline unsigned atomicCAS(unsigned* a, unsigned compare, unsigned v) {
   return atomic_update(a, [=](unsigned o) { return o == compare ? v : o; });
 }
 
-// atomicAdd of __half or __nv_bfloat16 (bits in .x), through its c10 type:
-// the sum in float rounded to nearest even, as the GPU's.
-template <typename C10Type, typename Bits16>
-Bits16 atomic_add_16_bit(Bits16* address, Bits16 v) {
-  return atomic_update(address, [v](Bits16 old) {
-    const float sum = static_cast<float>(C10Type(old.x, C10Type::from_bits())) +
-                      static_cast<float>(C10Type(v.x, C10Type::from_bits()));
-    Bits16 result = old;
-    result.x = C10Type(sum).x;
-    return result;
-  });
-}
-
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   std::memset(p, value, bytes);
   return cudaSuccess;
