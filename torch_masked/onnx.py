@@ -268,7 +268,7 @@ def _gather_nd(params, indices, check_bounds=True):
 # Types summed in a wider one: ONNX has no bool addition (counts in int64,
 # where none wraps, then != 0 is the OR), and onnxruntime's ScatterND does not
 # add float16; half and bfloat16 are summed in float and rounded once, as our
-# CPU kernel does.
+# kernels do.
 _ACCUMULATE_AS = {ir.DataType.BOOL: ir.DataType.INT64, ir.DataType.FLOAT16: ir.DataType.FLOAT,
                   ir.DataType.BFLOAT16: ir.DataType.FLOAT}
 # ONNX's ReduceSum (the K == 0 scatter's) has no 8- and 16-bit integers: their
