@@ -101,11 +101,12 @@ def test_a_read_back_to_the_host_is_refused_while_capturing(device, call, what, 
 
 def sync_free_calls(t):
     """Calls that never read back: check_bounds=False (rows out of bounds
-    dropped or read as zeros), nonzero_static, where, select and
-    boolean_mask's backward."""
+    dropped or read as zeros; bfloat16 sums on CUDA's fixed-point path),
+    nonzero_static, where, select and boolean_mask's backward."""
     bad = t["bad_indices"]
     return [
         torch_masked.scatter_nd(bad, t["updates"], [6, 5], check_bounds=False),
+        torch_masked.scatter_nd(bad, t["updates"].bfloat16(), [6, 5], check_bounds=False),
         torch_masked.gather_nd(t["x"], bad, check_bounds=False),
         torch_masked.tensor_scatter_nd_add(t["x"], bad, t["updates"], check_bounds=False),
         torch_masked.nonzero_static(t["x"] > 0, size=20),
@@ -125,6 +126,7 @@ def native_sync_free_calls(t):
     backward[t["mask"]] = t["x"][:3]
     return [
         scattered,
+        scattered.bfloat16(),
         gathered,
         t["x"] + scattered,
         padded,
