@@ -416,6 +416,13 @@ def _gradient_cases():
         "select_rows": lambda p: (
             lambda x_, y_: tm.select(p(rows, Replicate()), x_, y_), [p(x, Shard(1), True), p(y, Shard(1), True)],
             lambda x_, y_: torch.where(rows[:, None], x_, y_), [Shard(1), Shard(1)]),
+        # No rows, the condition sharded along them: the gradient takes the
+        # row condition as a column as x[:, None] does (a DTensor refuses a
+        # view of an axis sharded at size 0).
+        "select_no_rows": lambda p: (
+            lambda x_, y_: tm.select(p(rows[:0], Shard(0)), x_, y_),
+            [p(x[:0], Replicate(), True), p(y[:0], Replicate(), True)],
+            lambda x_, y_: torch.where(rows[:0, None], x_, y_), [None, None]),
         "gather_nd": lambda p: (
             lambda t: tm.gather_nd(t, p(indices, Replicate())), [p(params, Shard(1), True)],
             lambda t: t[indices[:, 0]], [Shard(1)]),
