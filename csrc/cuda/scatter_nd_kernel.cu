@@ -23,7 +23,7 @@
 // half or bfloat16 sum once. Their atomic adds would round at every add,
 // and a destination taking many updates would stop growing (a bfloat16 sum
 // of ones stays at 256, where 256 + 1 rounds back to 256): so those two
-// types never take the atomic path, as ATen's index_put_ sums them in
+// types never take the atomic path, as ATen's CUDA index_put_ sums them in
 // float too.
 //
 // Bounds: every kernel records the first index row out of bounds with an
