@@ -192,18 +192,15 @@ inline Selection prepare_where_number(const at::Tensor& condition, const at::Ten
 // select's condition as where's, for an x of rank `rank`: a row condition
 // (1-D over the first axis of an x of rank >= 2) becomes the column
 // [rows, 1, ..., 1], which broadcasting takes to whole rows; a scalar or
-// element-wise one stays as it is. Unsqueezed, not viewed: the gradient
-// calls this on what autograd holds, and a DTensor refuses a view of an
-// axis sharded at size 0.
+// element-wise one stays as it is. One view, for the kernels; the gradient,
+// which may hold a DTensor, unsqueezes instead (autograd/where_autograd.cpp).
 inline at::Tensor select_condition_as_where(const at::Tensor& condition, int64_t rank) {
-  if (condition.dim() != 1) {
+  if (condition.dim() != 1 || rank <= 1) {
     return condition;
   }
-  at::Tensor column = condition;
-  for (int64_t axis = 1; axis < rank; ++axis) {
-    column = column.unsqueeze(axis);
-  }
-  return column;
+  std::vector<int64_t> column(rank, 1);
+  column[0] = condition.size(0);
+  return condition.view(column);
 }
 
 // masked::select: x and y of one shape; condition a scalar, of x's shape, or

@@ -67,10 +67,23 @@ struct Select {
     return op.call(condition, x, y);
   }
   static at::Tensor x_part(const at::Tensor& condition, const at::Tensor& grad) {
-    return where_number_y(select_condition_as_where(condition, grad.dim()), grad, 0);
+    return where_number_y(as_where_condition(condition, grad.dim()), grad, 0);
   }
   static at::Tensor y_part(const at::Tensor& condition, const at::Tensor& grad) {
-    return where_number_x(select_condition_as_where(condition, grad.dim()), 0, grad);
+    return where_number_x(as_where_condition(condition, grad.dim()), 0, grad);
+  }
+  // select_condition_as_where's column, by unsqueezing rather than a view:
+  // autograd may hold a DTensor, which refuses a view of an axis sharded at
+  // size 0 (a trace's symbolic sizes need no reading either).
+  static at::Tensor as_where_condition(const at::Tensor& condition, int64_t rank) {
+    if (condition.dim() != 1) {
+      return condition;
+    }
+    at::Tensor column = condition;
+    for (int64_t axis = 1; axis < rank; ++axis) {
+      column = column.unsqueeze(axis);
+    }
+    return column;
   }
 };
 
