@@ -466,7 +466,7 @@ def test_onnx_export_translates_masked_ops():
     c, x, y = torch.rand(3, 4, generator=gen(15)) < 0.5, torch.randn(3, 4, generator=gen(16)), torch.randn(3, 4)
     torch.compile(lambda c, x: torch_masked.where(c, x, x), fullgraph=True)(c, x)  # Inductor loaded, its table filled
     program = torch.onnx.export(
-        Chain(), (c, x, y), dynamo=True, custom_translation_table={torch.ops.masked.where.self: where_self}
+        Chain().eval(), (c, x, y), dynamo=True, custom_translation_table={torch.ops.masked.where.self: where_self}
     )
     assert translated == ["masked::where.self"]
     session = ort.InferenceSession(program.model_proto.SerializeToString())
