@@ -626,10 +626,11 @@ def expected_gathers(params, indices, bad_indices):
     """ATen's indexing; rows out of bounds read as zeros."""
     expected = []
     for p, i, _ in pairs(params, indices, bad_indices):
-        in_bounds = ((i >= 0) & (i < torch.tensor(p.shape[: i.shape[-1]], device=i.device))).all(-1)
-        gathered = native_gather(p, i * in_bounds[..., None])  # bad rows read row 0, then replaced by zeros
-        in_bounds = in_bounds.reshape(in_bounds.shape + (1,) * (p.dim() - i.shape[-1]))
-        expected.append(torch.where(in_bounds, gathered, torch.zeros((), dtype=p.dtype)) * 2)
+        depth = i.shape[-1]
+        in_bounds = ((i >= 0) & (i < torch.tensor(p.shape[:depth], device=i.device))).all(-1)
+        gathered = torch.zeros(i.shape[:-1] + p.shape[depth:], dtype=p.dtype, device=p.device)
+        gathered[in_bounds] = native_gather(p, i[in_bounds])
+        expected.append(gathered * 2)
     return expected
 
 
@@ -887,6 +888,37 @@ def test_gather_nd_declined_cases_run_our_kernel():
     exact(results[1], params.expand(3, 3, 2) + 1)
     assert results[2].shape == (0, 4)
     exact(results[3], params[mask][[1]])
+
+
+def test_indexed_sizes_whose_range_starts_at_zero_run_our_kernel(device):
+    # A size that may be 0 in a graph traced at another size (under
+    # backed_size_oblivious here; torch.export.Dim(min=0) alike) has no first
+    # element for a row out of bounds to read or add into: the gathers (of
+    # elements and of slices) and the unchecked scatters take our kernel.
+    import torch.fx.experimental._config as fx_config
+
+    def chain(params, indices, updates):
+        return (torch_masked.gather_nd(params, indices, check_bounds=False) * 2,
+                torch_masked.gather_nd(params, indices[:, :1], check_bounds=False) * 2,
+                *unchecked_scatters(params, indices, updates))
+
+    torch._dynamo.reset()
+    with fx_config.patch(backed_size_oblivious=True):
+        compiled = torch.compile(chain, fullgraph=True, dynamic=True)
+        for rows in (4, 1, 0):
+            params, indices, updates = scatter_inputs(torch.float32, (rows, 3), 2, device, seed=40 + rows)
+            if rows == 4:
+                results, code = run_and_get_code(compiled, params, indices, updates)
+                code = "\n".join(code)
+                assert code.count(GATHER_CALL) == 2
+                assert_our_scatters(code)
+            else:
+                results = compiled(params, indices, updates)
+            gathered = [expected_gathers([params], [rows_of], [])[0] for rows_of in (indices, indices[:, :1])]
+            expected = (*gathered, *scatter_reference(params, indices, updates))
+            for result, eager, reference in zip(results, chain(params, indices, updates), expected, strict=True):
+                exact(result, reference)
+                exact(result, eager)
 
 
 def test_gather_nd_of_data_dependent_rows_and_compiled_backward(device):

@@ -55,11 +55,7 @@ from typing import Iterator
 import sympy
 import torch
 from torch._library.utils import get_layout_constraint_tag
-from torch.fx.experimental.symbolic_shapes import (
-    free_unbacked_symbols,
-    has_free_unbacked_symbols,
-    statically_known_true,
-)
+from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols, statically_known_true
 
 from ._after_import import when_imported
 
@@ -182,11 +178,18 @@ def _select(condition, x, y):
 def _first_element_stands_in(indices, shape):
     """Whether the lowerings can send an index row out of bounds to the
     first element of `shape`'s indexed dimensions: K a positive constant,
-    and each size it indexes neither 0 nor known only at run time (it may
-    be 0)."""
+    and each size it indexes at least 1 by its range. A size that may be 0
+    (a constant 0, one known only from data, or a symbolic size whose range
+    starts at 0, as `torch.export.Dim(min=0)` or `backed_size_oblivious`
+    make it) has no first element to stand in. The range is read as it is:
+    Inductor's statically_known_gt takes a backed size for positive even
+    where its range starts at 0."""
+    from torch._inductor.virtualized import V
+
     depth = indices.get_size()[-1]
+    size_range = V.graph.sizevars.shape_env.bound_sympy
     return (isinstance(depth, (int, sympy.Integer)) and 0 < int(depth) <= len(shape)
-            and not any(size == 0 or free_unbacked_symbols(size) for size in shape[: int(depth)]))
+            and all(size_range(sympy.sympify(size)).lower >= 1 for size in shape[: int(depth)]))
 
 
 def _index_entries(load_index, row, sizes):
@@ -340,9 +343,8 @@ def _gather_nd_lowering(lowering):
     read as zeros, as in our kernel (the loop zeroes them either way).
 
     It declines (our kernel) for K = 0 or a K known only at run time, a
-    dtype outside FUSED_DTYPES, and params with an indexed size 0 (no row
-    to load in place of a bad one) or one known only from data (it may be
-    0): _first_element_stands_in."""
+    dtype outside FUSED_DTYPES, and params with an indexed size that may be
+    0 (no row to load in place of a bad one): _first_element_stands_in."""
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
 
