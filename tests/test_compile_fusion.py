@@ -921,6 +921,29 @@ def test_indexed_sizes_whose_range_starts_at_zero_run_our_kernel(device):
                 exact(result, eager)
 
 
+def test_gather_nd_from_params_of_a_size_known_only_from_data_and_checked_from_one_fuses(device):
+    # boolean_mask's row count may be 0 (our kernel: the declined cases
+    # above) unless torch._check says it is at least 1.
+    def chain(params, mask, indices, check_bounds):
+        picked = torch_masked.boolean_mask(params, mask)
+        torch._check(picked.shape[0] >= 1)
+        return torch_masked.gather_nd(picked, indices, check_bounds=check_bounds) * 2
+
+    params = make_tensor((6, 3), torch.float32, device, generator=gen(50))
+    indices = torch.tensor([[0], [2], [-1], [1], [3]], device=device)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(chain, fullgraph=True)
+        for kept in ([0, 2, 3], [4]):
+            mask = torch.zeros(6, dtype=torch.bool, device=device)
+            mask[kept] = True
+            result, code = run_and_get_code(compiled, params, mask, indices, False)
+            assert GATHER_CALL not in "\n".join(code)
+            exact(result, expected_gathers([params[mask]], [indices], [])[0])
+            exact(result, chain(params, mask, indices, False))
+            with pytest.raises(IndexError, match=rf"gather_nd: expected every index within shape \[{len(kept)}, 3\]"):
+                compiled(params, mask, indices, True)
+
+
 def test_gather_nd_of_data_dependent_rows_and_compiled_backward(device):
     # tf.gather_nd(x, tf.where(m)): rows whose number is known only at run
     # time; the backward is scatter_nd of the gradient without check_bounds
