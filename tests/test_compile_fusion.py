@@ -168,6 +168,25 @@ def test_every_overload_and_dtype_pair_matches_eager(dynamic, dtypes, device):
     assert counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.parametrize("opaque", [False, True], ids=["fused", "opaque"])
+def test_where_broadcasts_a_size_traced_at_one_under_backed_size_oblivious(opaque):
+    # With backed_size_oblivious, a size traced at 1 is not specialised;
+    # torch.where's fake kernel specialises it where it broadcasts against
+    # another size, and so does ours, rather than refusing the shapes.
+    import torch.fx.experimental._config as fx_config
+
+    def chain(c, x, y):
+        return torch_masked.where(c, x, y) * 2
+
+    torch._dynamo.reset()
+    with fx_config.patch(backed_size_oblivious=True), torch_masked.compile.opaque(opaque):
+        compiled = torch.compile(chain, fullgraph=True, dynamic=True)
+        for rows, cols in [(1, 4), (1, 7), (3, 3)]:
+            c = torch.rand(rows, generator=gen(rows)) < 0.5
+            x, y = torch.randn(cols, generator=gen(cols)), torch.arange(cols, dtype=torch.int32)
+            exact(compiled(c, x, y), torch.where(c, x, y) * 2)
+
+
 def test_fused_where_and_select_leave_no_call_of_ours(device):
     def chain(c, rows, x, y):
         same = torch_masked.where(c, x * 2, y + 1)  # where.self

@@ -12,7 +12,6 @@ import numbers
 from typing import overload
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.overrides import handle_torch_function
 
 from ._checks import as_tensor, check, check_same_device, equal_or_unknown
@@ -40,25 +39,17 @@ def _shape(value):
 
 
 def _broadcast_shape(condition, x, y):
-    """NumPy broadcasting, with csrc/element_select.h's message. An unbacked
-    size (from nonzero, boolean_mask) is taken as not 1, and its equality
-    becomes a deferred check, so that such shapes trace."""
+    """NumPy broadcasting by torch.broadcast_shapes, as torch.where's fake
+    kernel does it (an unbacked size, from nonzero or boolean_mask, is taken
+    as not 1, its equality a deferred check; under backed_size_oblivious a
+    size traced at 1 beside another is specialised to 1), with
+    csrc/element_select.h's message."""
     shapes = [_shape(condition), _shape(x), _shape(y)]
-    message = (
-        f"expected condition, x and y to broadcast together, got condition {list(shapes[0])}, "
-        f"x {list(shapes[1])}, y {list(shapes[2])}"
-    )
-    dims = max(len(own_shape) for own_shape in shapes)
-    shape = [1] * dims
-    for own_shape in shapes:
-        for d, own in enumerate(own_shape):
-            at = dims - len(own_shape) + d
-            if guard_or_false(own == 1):
-                continue
-            if not guard_or_false(shape[at] == 1):
-                check(own == shape[at], "where", message)
-            shape[at] = own
-    return shape
+    try:
+        return list(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        raise RuntimeError(f"where: expected condition, x and y to broadcast together, got condition "
+                           f"{list(shapes[0])}, x {list(shapes[1])}, y {list(shapes[2])}") from None
 
 
 def _check_shape(op, actual, expected, message):
