@@ -25,6 +25,7 @@ import torch.utils._triton as torch_triton
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config, cpu_vec_isa
 from torch._inductor.utils import run_and_get_code
+from torch.fx.experimental import _config as fx_config
 
 import torch_masked
 from tests.common import (
@@ -173,8 +174,6 @@ def test_where_broadcasts_a_size_traced_at_one_under_backed_size_oblivious(opaqu
     # With backed_size_oblivious, a size traced at 1 is not specialised;
     # torch.where's fake kernel specialises it where it broadcasts against
     # another size, and so does ours, rather than refusing the shapes.
-    import torch.fx.experimental._config as fx_config
-
     def chain(c, x, y):
         return torch_masked.where(c, x, y) * 2
 
@@ -914,8 +913,6 @@ def test_indexed_sizes_whose_range_starts_at_zero_run_our_kernel(device):
     # backed_size_oblivious here; torch.export.Dim(min=0) alike) has no first
     # element for a row out of bounds to read or add into: the gathers (of
     # elements and of slices) and the unchecked scatters take our kernel.
-    import torch.fx.experimental._config as fx_config
-
     def chain(params, indices, updates):
         return (torch_masked.gather_nd(params, indices, check_bounds=False) * 2,
                 torch_masked.gather_nd(params, indices[:, :1], check_bounds=False) * 2,
