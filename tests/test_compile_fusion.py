@@ -144,7 +144,11 @@ def pair_inputs(rows, cols, dtypes, seed, device):
 
 # Static shapes: every pair; dynamic shapes (whose handling does not depend on
 # the dtype): a few, for a graph that compiles in less time. The first two
-# dtypes, float64 and int16, also come as 0-d tensors.
+# dtypes, float64 and int16, also come as 0-d tensors. The complex number
+# beside float16 (bfloat16) makes complex32 (bcomplex32), which torch warns
+# is experimental.
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.filterwarnings("ignore:BComplex32 support is experimental")
 @pytest.mark.parametrize(
     "dynamic, dtypes",
     [
