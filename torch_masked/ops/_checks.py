@@ -4,7 +4,7 @@ data-dependent sizes they make, and the front doors' making of tensors from
 array-likes."""
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_true
+from torch.fx.experimental.symbolic_shapes import guard_or_true, is_concrete_int
 
 
 def check(cond, op, message):
@@ -45,5 +45,10 @@ def equal_or_unknown(size, other):
 
 def bounded_dynamic_size(at_most):
     """A new unbacked SymInt for a size known only from the data, at most
-    `at_most` where that is known when tracing (an int, not a SymInt)."""
-    return torch.library.get_ctx().new_dynamic_size(max=at_most if isinstance(at_most, int) else None)
+    `at_most` where that is known when tracing (a constant, not a size
+    traced as a symbol); 0 itself where nothing is counted, as
+    torch.nonzero's fake kernel makes it: an unbacked size in [0, 0] breaks
+    Inductor's loops over it, which take such a size to be at least 2."""
+    if not is_concrete_int(at_most):
+        return torch.library.get_ctx().new_dynamic_size()
+    return 0 if at_most == 0 else torch.library.get_ctx().new_dynamic_size(max=int(at_most))
