@@ -499,7 +499,7 @@ def test_compiled_training_step(device, dynamic):
     torch._dynamo.reset()
     compiled = torch.compile(masked_batch_loss, fullgraph=True, dynamic=dynamic)
     shapes = [(4, 7, 5), (3, 9, 5)] if dynamic else [(4, 7, 5)]
-    # Empty masks: a graph of their own (a size of 0 is never symbolic),
+    # Empty masks: a graph of their own (Dynamo specialises a size of 0),
     # where no element is counted.
     for batch, steps, features in shapes + [(4, 0, 5)]:
         x = random_values((batch, steps, features), torch.float32, device)

@@ -413,8 +413,8 @@ def gather_non_zero(x):
 def test_compile_fullgraph(device, dynamic):
     torch._dynamo.reset()
     compiled = torch.compile(gather_non_zero, fullgraph=True, dynamic=dynamic)
-    # Empty inputs compile a graph of their own (a size of 0 is never
-    # symbolic), where no element is counted.
+    # Empty inputs compile a graph of their own (Dynamo specialises a size
+    # of 0), where no element is counted.
     for shape in [(5, 6), (7, 3), (0, 3), (4, 0)]:
         x = make_tensor(shape, torch.float32, device, density=0.5)
         for got, expected in zip(compiled(x), gather_non_zero(x)):

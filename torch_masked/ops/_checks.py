@@ -47,8 +47,9 @@ def bounded_dynamic_size(at_most):
     """A new unbacked SymInt for a size known only from the data, at most
     `at_most` where that is known when tracing (a constant, not a size
     traced as a symbol); 0 itself where nothing is counted, as
-    torch.nonzero's fake kernel makes it: an unbacked size in [0, 0] breaks
-    Inductor's loops over it, which take such a size to be at least 2."""
+    torch.nonzero's fake kernel makes it: Inductor fails to lower a
+    reduction over an unbacked size whose range is [0, 0] ("Invalid ranges
+    [0:-1]"), or an index by it."""
     if not is_concrete_int(at_most):
         return torch.library.get_ctx().new_dynamic_size()
     return 0 if at_most == 0 else torch.library.get_ctx().new_dynamic_size(max=int(at_most))
