@@ -1,6 +1,8 @@
 """masked::where (index mode), masked::where.self and masked::select against
 torch.nonzero, torch.where, hand-worked row selections and the examples of
 the tf.where and Select (Where3) reference pages."""
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -1012,6 +1014,28 @@ def test_compiled_with_data_dependent_sizes(op, dynamic):
         if op is torch_masked.select:  # whole rows
             rows = compiled(op, condition[:, 0], x, y, mask)
             torch.testing.assert_close(rows, torch.where(condition[:, :1], x, y)[mask])
+
+
+def where_gradients(where, c, x, y):
+    x, y = x.detach().requires_grad_(), y.detach().requires_grad_()
+    loss = (where(c, x, y) * 2 + where(c, x, 2.0) + where(c, 3.0, y)).sum()
+    return torch.autograd.grad(loss, (x, y))
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_compiled_gradients_of_sizes_known_only_at_run_time(size):
+    """Every size marked unbacked, a size of 1 among them: each overload's
+    backward sums its branch's gradient back to the branch's shape without
+    asking whether a size is 1, which such a size cannot answer (torch.where's
+    gradient does not ask either)."""
+    c = random_condition((size,), "cpu", seed=size)
+    x, y = torch.randn(size, generator=gen(size)), torch.randn(size, generator=gen(size + 1))
+    torch._dynamo.reset()
+    for tensor in (c, x, y):
+        torch._dynamo.decorators.mark_unbacked(tensor, 0)
+    compiled = torch.compile(functools.partial(where_gradients, torch_masked.where))(c, x, y)
+    for got, expected in zip(compiled, where_gradients(torch.where, c, x, y), strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 def test_compiled_select_mismatched_data_dependent_sizes_raise():

@@ -9,6 +9,7 @@
 #include "autograd/records_graph.h"
 #include "element_select.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -88,7 +89,7 @@ struct Select {
 };
 
 // Whether `sizes` are `shape`, known without a guard: sizes known only when
-// a graph runs are left to sum_to_size, which records what it needs.
+// a graph runs are left to at::sum_to, which records what it needs.
 bool known_same_sizes(c10::SymIntArrayRef sizes, c10::SymIntArrayRef shape) {
   if (sizes.size() != shape.size()) {
     return false;
@@ -108,7 +109,7 @@ bool known_same_sizes(c10::SymIntArrayRef sizes, c10::SymIntArrayRef shape) {
 // differ from the result's, and its dtype (under `dtype_key`), where that
 // differs. A branch of the result's shape and dtype, the common call, saves
 // nothing, which spares each call the saved values' allocation and hashing,
-// and its backward the sum_to_size and to() that would return the gradient
+// and its backward the sum_to and to() that would return the gradient
 // as it is, at a dispatch each (summing a 0-d gradient to a 0-d branch would
 // even add it to +0.0, turning -0.0 into +0.0, where torch.where's gradient
 // keeps the sign).
@@ -138,7 +139,10 @@ at::Tensor to_branch(at::Tensor grad, AutogradContext* ctx, const char* shape_ke
     if (grad.is_complex() && grad.element_size() < 8) {
       grad = grad.to(at::kComplexFloat);
     }
-    grad = grad.sum_to_size_symint(shape->second.toSymIntVector());
+    // at::sum_to, not sum_to_size, which first asks whether the shapes
+    // broadcast (the forward made sure they do) by a guard on each size
+    // being 1, which a size known only when the graph runs cannot answer.
+    grad = at::sum_to(grad, shape->second.toSymIntVector());
   }
   return grad.scalar_type() == branch_dtype ? grad : grad.to(branch_dtype);
 }
