@@ -854,8 +854,9 @@ def test_index_row_tests_on_every_kind_of_entry():
 
 def test_rows_into_dimensions_of_size_one(device):
     # A row of zeros into dimensions of size 1 (its sign is 0, in bounds)
-    # reads, or adds to, that element; a row out of bounds adds nothing,
-    # not even +0.0 to a -0.0 (Inductor's scatter where it generates Triton).
+    # reads, or adds to, that element; a row out of bounds adds nothing, not
+    # even the -0.0 that a GPU's atomic add into a -0.0 makes +0.0 (Inductor's
+    # scatter where it generates Triton).
     def chain(p, q, index, index_pairs, t, bad):
         return (torch_masked.gather_nd(p * 1, index), torch_masked.gather_nd(q * 1, index_pairs),
                 torch_masked.gather_nd(p * 1, index, check_bounds=False),
@@ -917,8 +918,9 @@ def test_gather_nd_declined_cases_run_our_kernel():
 def test_indexed_sizes_whose_range_starts_at_zero_run_our_kernel(device):
     # A size that may be 0 in a graph traced at another size (under
     # backed_size_oblivious here; torch.export.Dim(min=0) alike) has no first
-    # element for a row out of bounds to read or add into: the gathers (of
-    # elements and of slices) and the unchecked scatters take our kernel.
+    # element for a row out of bounds to read, nor for Inductor's copy into
+    # the scatter's buffer to divide by: the gathers (of elements and of
+    # slices) and the unchecked scatters take our kernel.
     def chain(params, indices, updates):
         return (torch_masked.gather_nd(params, indices, check_bounds=False) * 2,
                 torch_masked.gather_nd(params, indices[:, :1], check_bounds=False) * 2,

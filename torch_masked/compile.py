@@ -35,11 +35,12 @@ README, "Inside torch.compile"), and Inductor's C++ scatter would sum
 float16 and bfloat16 rounding at every add, in the order its threads land,
 where ours sums each destination in index order. Where Inductor generates
 Triton (CUDA), the scatters without check_bounds, outside deterministic
-mode, are Inductor's own atomic scatter (``_scatter_add_into``), with our
+mode, are Inductor's own atomic scatter (``_scatter_added``), with our
 index rule (a row out of bounds adds nothing; negative indices never wrap):
 on an H200 the GPU did the same work for both, and Inductor's chain saved
-the host the call of our op (ours 1.03-1.18 of native's). With check_bounds
-they stay ours: the IndexError needs the bounds flag read back either way.
+the host the call of our op (ours 1.03-1.18 of native's; Inductor's 1.00-1.05
+on an H100). With check_bounds they stay ours: the IndexError needs the
+bounds flag read back either way.
 So do float16 and bfloat16 scatters, which our CUDA kernel sums in float and
 rounds once, where Triton's atomic adds would round at every add.
 """
@@ -176,12 +177,13 @@ def _select(condition, x, y):
 
 
 def _first_element_stands_in(indices, shape):
-    """Whether the lowerings can send an index row out of bounds to the
-    first element of `shape`'s indexed dimensions: K a positive constant,
-    and each size it indexes at least 1 by its range. A size that may be 0
-    (a constant 0, one known only from data, or a symbolic size whose range
-    starts at 0, as `torch.export.Dim(min=0)` or `backed_size_oblivious`
-    make it) has no first element to stand in. The range is read as it is:
+    """Whether each index row's entries have a first element of `shape`'s
+    indexed dimensions to stand in for a row out of bounds (in the gather)
+    or to divide by (in the copy into _scatter_added's buffer): K a
+    positive constant, and each size it indexes at least 1 by its range. A
+    size that may be 0 (a constant 0, one known only from data, or a
+    symbolic size whose range starts at 0, as `torch.export.Dim(min=0)` or
+    `backed_size_oblivious` make it) has none. The range is read as it is:
     Inductor's statically_known_gt takes a backed size for positive even
     where its range starts at 0."""
     from torch._inductor.virtualized import V
@@ -422,8 +424,10 @@ def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
     shape `sizes` is Inductor's own atomic scatter rather than our kernel:
     where Inductor generates Triton (CUDA), without check_bounds, outside
     deterministic mode (our deterministic sums; Inductor's would call
-    ATen's), and where a row out of bounds can add into the first element
-    (_first_element_stands_in)."""
+    ATen's), and with _first_element_stands_in: Inductor's copy of a tensor
+    into the buffer that _scatter_added makes divides by the indexed sizes'
+    product, in lanes masked off too, where a size of 0 would divide by
+    zero."""
     from torch._inductor import config
 
     backend = {"cuda": getattr(config, "cuda_backend", "triton"), "cpu": config.cpu_backend}.get(device.type)
@@ -437,35 +441,41 @@ def _adds_in_inductor(device, dtype, indices, sizes, check_bounds):
     )
 
 
-def _scatter_add_into(target, indices, updates):
-    """Adds each row of `updates` into `target` (realized here, and written in
-    place) at its index row, by Inductor's own atomic adds, fused with what
-    computes the updates. A row out of bounds adds an identity (-0.0, or 0)
-    into the first element: dropped, as our kernel drops it without
-    check_bounds."""
+def _scatter_added(lowering, base, indices, updates):
+    """`base` with each row of `updates` added at its index row by
+    Inductor's own atomic adds, fused with what computes the updates, in a
+    new buffer. The buffer holds one slice more than the result shows, and
+    a row out of bounds adds into it: dropped, as our kernel drops it
+    without check_bounds. Added into an element of the result instead, even
+    an identity would change one: on an H100, an atomic add of -0.0 into
+    -0.0 left +0.0."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V, ops
 
-    target.realize()
-    rows = list(indices.get_size())[:-1]
-    sizes = list(target.get_size())[: int(indices.get_size()[-1])]
-    load_index, load_updates = indices.make_loader(), updates.make_loader()
-    dtype = target.get_dtype()
-    nothing = -0.0 if dtype.is_floating_point else 0  # x + -0.0 is x, -0.0 and NaN included
-
-    def value(position):
-        in_bounds = _in_bounds(_index_entries(load_index, position[: len(rows)], sizes))
-        return ops.where(in_bounds, load_updates(position), ops.constant(nothing, dtype))
+    shape = list(base.get_size())
+    depth = int(indices.get_size()[-1])
+    rows, sizes, rest = list(indices.get_size())[:-1], shape[:depth], shape[depth:]
+    slices = sympy.Mul(*sizes)  # the slices the index rows address, one after another
+    padded = lowering.constant_pad_nd(lowering.view(base, [slices, *rest]), [0, 0] * len(rest) + [0, 1])
+    padded.realize()
+    load_index = indices.make_loader()
 
     def destination(position):
         row_entries = _index_entries(load_index, position[: len(rows)], sizes)
-        return [*_positions(row_entries, _in_bounds(row_entries)), *position[len(rows) :]]
+        slice_number = row_entries[0][0]
+        for entry, size in row_entries[1:]:
+            slice_number = ops.add(ops.mul(slice_number, ops.index_expr(size, torch.int64)), entry)
+        spare = ops.index_expr(slices, torch.int64)
+        slice_or_spare = ops.where(_in_bounds(row_entries), slice_number, spare)
+        return [ops.indirect_indexing(slice_or_spare, slices + 1, check=False, wrap_neg=False),
+                *position[len(rows) :]]
 
-    scatter = ir.Scatter(device=target.get_device(), dtype=dtype, inner_fn=value, ranges=list(updates.get_size()),
-                         output_indexer=destination, scatter_mode="atomic_add")
-    buffer = ir.ComputedBuffer(name=None, layout=ir.MutationLayoutSHOULDREMOVE(target), data=scatter)
+    scatter = ir.Scatter(device=updates.get_device(), dtype=base.get_dtype(), inner_fn=updates.make_loader(),
+                         ranges=list(updates.get_size()), output_indexer=destination, scatter_mode="atomic_add")
+    buffer = ir.ComputedBuffer(name=None, layout=ir.MutationLayoutSHOULDREMOVE(padded), data=scatter)
     buffer.name = V.graph.register_buffer(buffer)
     V.graph.register_operation(buffer)
+    return lowering.view(lowering.slice_(padded, 0, 0, slices), shape)
 
 
 def _scatter_nd_lowering(lowering):
@@ -477,9 +487,8 @@ def _scatter_nd_lowering(lowering):
     def lower(indices, updates, shape, *, check_bounds=True):
         if not _adds_in_inductor(updates.get_device(), updates.get_dtype(), indices, list(shape), check_bounds):
             return call_ours(indices, updates, shape, check_bounds=check_bounds)
-        output = lowering.full(list(shape), 0, dtype=updates.get_dtype(), device=updates.get_device())
-        _scatter_add_into(output, indices, updates)
-        return output
+        zeros = lowering.full(list(shape), 0, dtype=updates.get_dtype(), device=updates.get_device())
+        return _scatter_added(lowering, zeros, indices, updates)
 
     return lower
 
@@ -494,9 +503,7 @@ def _tensor_scatter_nd_add_lowering(lowering):
         if not _adds_in_inductor(tensor.get_device(), tensor.get_dtype(), indices, list(tensor.get_size()),
                                  check_bounds):
             return call_ours(tensor, indices, updates, check_bounds=check_bounds)
-        output = lowering.clone(tensor)
-        _scatter_add_into(output, indices, updates)
-        return output
+        return _scatter_added(lowering, tensor, indices, updates)
 
     return lower
 
@@ -557,10 +564,10 @@ def _tensor_scatter_nd_add_into_lowering(lowering):
                                              add_to_fallback_set=False)
 
     def lower(tensor, indices, updates, *, check_bounds=True):
+        # Inductor's scatter adds into a buffer of its own (_scatter_added).
         if _adds_in_inductor(tensor.get_device(), tensor.get_dtype(), indices, list(tensor.get_size()), check_bounds):
-            _scatter_add_into(tensor, indices, updates)
-        else:
-            add_in_place(tensor, indices, updates, check_bounds=check_bounds)
+            return _scatter_added(lowering, tensor, indices, updates)
+        add_in_place(tensor, indices, updates, check_bounds=check_bounds)
         return tensor
 
     return lower

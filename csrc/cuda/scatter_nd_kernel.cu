@@ -727,8 +727,8 @@ __global__ void gather_kernel(NdIndexGeometry in_params, SliceLayout layout, con
 // costs at most what the gather writes): read in place, consecutive threads
 // read elements a whole row apart (a transposed [n / 64, 64] params: each
 // element in a page of its own), and on an H200 such a gather of 1e7 floats
-// took 0.437 ms, where the dense gather of the same rows takes 0.102 and the
-// copy's 80 MB should take a few hundredths (not yet timed). So is a slice
+// took 0.437 ms, where the dense gather of the same rows takes 0.102; with
+// the copy, 0.211 ms on an H100 against params[idx]'s 0.178. So is a slice
 // with more than kMaxSliceDims dimensions that do not merge. Never where
 // nothing is read: with no output, or no element of params (every row then
 // out of bounds), a copy would be params itself, as contiguous as PyTorch
