@@ -14,7 +14,9 @@ the CPU, that tests the GPU's generated code short of running it on a GPU."""
 import contextlib
 import itertools
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -1129,9 +1131,9 @@ def test_nonzero_count_is_bounded_as_torch_nonzeros(device):
     exact(ours, native)
 
 
-def test_inductor_caches_key_on_our_decompositions():
-    # The caches key a graph before decomposition: the fingerprint of
-    # compile.py, and the opaque switch, must be in cache_key_tag.
+def test_inductor_caches_key_on_the_package_its_extension_and_the_switch():
+    # The caches key a graph before decomposition: the package's
+    # fingerprint, and the opaque switch, must be in cache_key_tag.
     tag = torch.compiler.config.cache_key_tag
     fingerprint = "|torch_masked." + torch_masked.compile._FINGERPRINT
     assert tag.endswith(fingerprint)
@@ -1144,6 +1146,28 @@ def test_inductor_caches_key_on_our_decompositions():
         assert torch.compiler.config.cache_key_tag == "user" + tag
     finally:
         torch.compiler.config.cache_key_tag = tag
+
+
+def test_fingerprint_changes_with_any_module_or_the_extension(tmp_path):
+    # A graph traced through an older fake kernel, decomposition or C++
+    # backward must not be served from the caches: a change to any of the
+    # package's modules, or a rebuilt extension, gives a new fingerprint.
+    package = pathlib.Path(torch_masked.__file__).parent
+    extension = pathlib.Path(torch_masked._C.__file__)
+    assert torch_masked.compile._fingerprint(package, extension) == torch_masked.compile._FINGERPRINT
+    copy = tmp_path / "torch_masked"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    copied_extension = tmp_path / extension.name
+    shutil.copy2(extension, copied_extension)
+    fingerprints = {torch_masked.compile._fingerprint(copy, copied_extension)}
+    for module in ("ops/_checks.py", "compile.py"):
+        with open(copy / module, "a") as f:
+            f.write("\n")
+        fingerprints.add(torch_masked.compile._fingerprint(copy, copied_extension))
+    stat = copied_extension.stat()
+    os.utime(copied_extension, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    fingerprints.add(torch_masked.compile._fingerprint(copy, copied_extension))
+    assert len(fingerprints) == 4
 
 
 def test_import_does_not_load_inductor_and_registers_when_it_loads():

@@ -58,6 +58,7 @@ import torch
 from torch._library.utils import get_layout_constraint_tag
 from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols, statically_known_true
 
+from . import _C
 from ._after_import import when_imported
 
 # The dtypes whose where Inductor generates on the CPU and CUDA alike; others
@@ -68,12 +69,30 @@ FUSED_DTYPES = frozenset(
 )
 
 _opaque = False
+
+
+def _fingerprint(package: pathlib.Path, extension: pathlib.Path) -> str:
+    """What a compiled graph of our ops depends on besides torch: every
+    module of the package (the decompositions and lowerings here, the fake
+    kernels and autograd registrations of ops/) and the compiled extension,
+    whose C++ backward AOTAutograd traces into the graphs it caches. The
+    extension by its size and modification time: a rebuilt or reinstalled
+    one has new ones, and reading its megabytes would slow every import."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    stat = extension.stat()
+    digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
 # Inductor's and AOTAutograd's on-disk caches key a graph as it is before
 # decomposition, with torch's version but not ours: a graph compiled with
-# other decompositions or lowerings (an older torch_masked, or the opaque
-# switch) would be served as it was. So torch.compiler.config.cache_key_tag
-# carries a fingerprint of this module, which holds them all, and the switch.
-_FINGERPRINT = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]
+# other decompositions, lowerings, fake kernels or backward formulas (an
+# older torch_masked, or the opaque switch) would be served as it was. So
+# torch.compiler.config.cache_key_tag carries the package's fingerprint and
+# the switch.
+_FINGERPRINT = _fingerprint(pathlib.Path(__file__).parent, pathlib.Path(_C.__file__))
 _cache_tag = ""  # what is appended to cache_key_tag now
 
 
