@@ -663,6 +663,34 @@ def test_gather_from_views(device, depth):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64])
+def test_gathers_rows_of_a_transposed_matrix(device, dtype):
+    """Slices of one stride whose elements lie a cache line or more apart
+    (the rows of a transposed matrix), 70 elements wide, from params of
+    over 1 MiB, in rows enough to split among threads: the CPU gathers a
+    cache line of output's worth of columns at a time (the last one
+    partial). Rows out of bounds read as zeros without check_bounds, and
+    the first of them is named with it."""
+    gen = torch.Generator().manual_seed(70)
+    slots = 2**15 + 3
+    params = torch.randint(-100, 100, (70, slots), generator=gen).to(dtype).to(device).t()
+    indices = torch.randint(0, slots, (1000, 1), generator=gen).to(device)
+    assert_same(torch_masked.gather_nd(params, indices), reference_gather(params, indices))
+    bad = indices.clone()
+    bad[[3, 700], 0] = torch.tensor([-1, slots], device=device)
+    expected = reference_gather(params, indices)
+    expected[[3, 700]] = 0
+    assert_same(torch_masked.gather_nd(params, bad, check_bounds=False), expected)
+    with pytest.raises(IndexError, match=rf"got \[-1\] at indices\[3\] \(-1 is out of range for dimension 0 of size {slots}\)"):
+        torch_masked.gather_nd(params, bad)
+    # The same layout with rows of no element: nothing to gather, bounds still checked.
+    no_columns = torch.empty(0, 80, dtype=dtype, device=device).t()
+    assert torch_masked.gather_nd(no_columns, indices % 80).shape == (1000, 0)
+    with pytest.raises(IndexError, match=r"got \[80\] at indices\[0\]"):
+        torch_masked.gather_nd(no_columns, torch.tensor([[80]], device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_gathers_from_broadcast_params_without_copying_them(device):
     """A broadcast of 2**40 rows (a contiguous copy would be 12 TiB); a slice
     longer than the CPU's offset table, not dense (the CPU gathers it from a

@@ -55,6 +55,7 @@ constexpr int64_t kPrefetchSlices = 8;
 constexpr int64_t kPrefetchRowBytes = 512;
 // Gathers prefetch their sources from params this large on.
 constexpr int64_t kPrefetchFromBytes = int64_t{1} << 20;
+constexpr int64_t kCacheLine = 64;
 
 // Prefetch of the cache line holding `address`, for reading (0) or writing (1).
 template <int kForWrite>
@@ -68,7 +69,7 @@ inline void prefetch(const void* address) {
 
 // Prefetch for reading of the first cache lines (up to kPrefetchRowBytes) of a row of `bytes`.
 inline void prefetch_row(const void* row, int64_t bytes) {
-  for (int64_t byte = 0; byte < std::min(bytes, kPrefetchRowBytes); byte += 64) {
+  for (int64_t byte = 0; byte < std::min(bytes, kPrefetchRowBytes); byte += kCacheLine) {
     prefetch<0>(static_cast<const char*>(row) + byte);
   }
 }
@@ -592,6 +593,15 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
       const T* src = static_cast<const T*>(params.const_data_ptr());
       T* dst = static_cast<T*>(output.mutable_data_ptr());
       const int64_t grain = std::max<int64_t>(1, kSerialWork / std::max<int64_t>(slice, 1));
+      // Columns gathered per pass over the rows: all of them, but for a
+      // slice of one stride whose elements lie a cache line or more apart
+      // (the rows of a transposed matrix), a cache line of output's worth.
+      // A pass then reads that many columns of params, which stay in the
+      // nearest caches and their pages in the TLB, where each row read from
+      // all of them; as no line holds two elements of one slice, no pass
+      // needs a line that another loaded (benchmarks/METHODS.md).
+      const bool by_lines = layout.dims == 1 && layout.strides[0] * static_cast<int64_t>(sizeof(T)) >= kCacheLine;
+      const int64_t pass_columns = by_lines ? kCacheLine / static_cast<int64_t>(sizeof(T)) : std::max<int64_t>(slice, 1);
       const auto gather_rows = [&](auto depth_one, auto prefetching, int64_t begin, int64_t end) {
         constexpr bool kDepthOne = decltype(depth_one)::value;
         constexpr bool kPrefetching = decltype(prefetching)::value;
@@ -601,27 +611,32 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
           const int64_t slot = slot_of<kDepthOne>(in_params, index_data + n * g.depth);
           return kDepthOne && slot > 0 ? slot * in_params.slot_strides[0] : slot;
         };
-        for (int64_t n = begin; n < end; ++n) {
-          // The sources are cache misses the indices announce early: prefetch
-          // a few rows ahead.
-          if constexpr (kPrefetching) {
-            const int64_t ahead = first_element(std::min(n + kPrefetchRows, end - 1));
-            prefetch_row(src + std::max<int64_t>(ahead, 0),
-                         (dense_slice ? slice : 1) * static_cast<int64_t>(sizeof(T)));
-          }
-          const int64_t first = first_element(n);
-          T* row = dst + n * slice;
-          if (first < 0) {
-            note_bad_row(first_bad, n);
-            std::fill(row, row + slice, T{});
-          } else if (slice == 1) {
-            *row = src[first];
-          } else if (!dense_slice) {
-            for (const auto j : c10::irange(slice)) {
-              row[j] = src[first + offsets[j]];
+        for (int64_t column = 0; column < std::max<int64_t>(slice, 1); column += pass_columns) {
+          const int64_t column_end = std::min(column + pass_columns, slice);
+          // A dense slice has no table of offsets, nor has a slice with no element.
+          const int64_t column_offset = offsets.empty() ? 0 : offsets[column];
+          for (int64_t n = begin; n < end; ++n) {
+            // The sources are cache misses the indices announce early:
+            // prefetch a few rows ahead.
+            if constexpr (kPrefetching) {
+              const int64_t ahead = first_element(std::min(n + kPrefetchRows, end - 1));
+              prefetch_row(src + std::max<int64_t>(ahead, 0) + column_offset,
+                           (dense_slice ? slice : 1) * static_cast<int64_t>(sizeof(T)));
             }
-          } else if (slice > 0) {
-            std::memcpy(row, src + first, slice * sizeof(T));
+            const int64_t first = first_element(n);
+            T* row = dst + n * slice;
+            if (first < 0) {
+              note_bad_row(first_bad, n);
+              std::fill(row + column, row + column_end, T{});
+            } else if (slice == 1) {
+              *row = src[first];
+            } else if (!dense_slice) {
+              for (int64_t j = column; j < column_end; ++j) {
+                row[j] = src[first + offsets[j]];
+              }
+            } else if (slice > 0) {
+              std::memcpy(row, src + first, slice * sizeof(T));
+            }
           }
         }
       };
