@@ -917,6 +917,29 @@ def test_gather_nd_declined_cases_run_our_kernel():
     exact(results[3], params[mask][[1]])
 
 
+def test_gather_nd_of_rows_of_a_large_transposed_matrix_runs_our_kernel():
+    # On the CPU, a params of 16 MiB or more whose slices our kernel gathers
+    # in passes (a row of a transposed matrix, wider than a cache line) takes
+    # our kernel, faster there than Inductor's loop; half that size fuses, as
+    # do slices of one cache line and a size known only at run time. A row
+    # out of bounds still raises the eager IndexError.
+    def chain(params, indices):
+        return torch_masked.gather_nd(params, indices) * 2 + 1
+
+    large = torch.randn(64, 2**16, generator=gen(30)).t()
+    one_line = torch.randn(16, 2**18, generator=gen(31)).t()
+    indices = torch.randint(0, 2**15, (100, 1), generator=gen(32))
+    for params, dynamic, ours in ((large, False, True), (large[: 2**15], False, False), (one_line, False, False),
+                                  (large, True, False)):
+        torch._dynamo.reset()
+        result, code = run_and_get_code(torch.compile(chain, fullgraph=True, dynamic=dynamic), params, indices)
+        assert ("\n".join(code).count(GATHER_CALL) == 1) is ours
+        exact(result, params[indices[:, 0]] * 2 + 1)
+    bad = torch.tensor([[3], [2**16]])
+    with pytest.raises(IndexError, match=r"got \[65536\] at indices\[1\]"):
+        torch.compile(chain, fullgraph=True)(large, bad)
+
+
 def test_indexed_sizes_whose_range_starts_at_zero_run_our_kernel(device):
     # A size that may be 0 in a graph traced at another size (under
     # backed_size_oblivious here; torch.export.Dim(min=0) alike) has no first

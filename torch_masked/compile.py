@@ -288,6 +288,38 @@ def _keeps_loop_scalar(indices, rows, sizes, rest):
     return strides is not None and strides[-2] != 1
 
 
+# From this many bytes of params on, our CPU kernel gathers the slices it
+# takes in passes faster than Inductor's loop (1.4-1.8x at 16 MiB, 1.7-3.2x
+# at 40 MiB; level or slower up to 8 MiB: benchmarks/METHODS.md).
+GATHER_IN_PASSES_CPU_BYTES = 16 * 2**20
+
+
+def _gathers_faster_in_passes(params, depth):
+    """Whether our CPU kernel gathers params' slices (its dimensions past
+    `depth`) in passes and params is large enough for that to beat
+    Inductor's loop: one dimension of the slice is wider than one, its
+    elements a cache line or more apart and more than a line holds (a row
+    of a transposed matrix; csrc/cpu/scatter_nd_kernel.cpp, gather_into_cpu),
+    and params holds GATHER_IN_PASSES_CPU_BYTES or more, all known when the
+    graph compiles. Inductor's C++ loop reads from every column of params
+    for each row, which from about 16 MiB on costs it more than the passes."""
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+
+    strides = params.maybe_get_stride()
+    if params.get_device().type != "cpu" or config.cpu_backend != "cpp" or strides is None:
+        return False
+    sizevars = V.graph.sizevars
+    itemsize = params.get_dtype().itemsize
+    wide = [(size, stride) for size, stride in zip(params.get_size()[depth:], strides[depth:])
+            if not sizevars.statically_known_equals(size, 1)]
+    if len(wide) != 1:
+        return False
+    (size, stride), line = wide[0], 64
+    return (sizevars.statically_known_geq(stride * itemsize, line) and sizevars.statically_known_gt(size * itemsize, line)
+            and sizevars.statically_known_geq(params.get_numel() * itemsize, GATHER_IN_PASSES_CPU_BYTES))
+
+
 def _positions(row_entries, in_bounds):
     """The row's entries as Inductor's indices, those of the first row (0,
     ..., 0) where the row is out of bounds: never wrapped nor asserted by
@@ -365,7 +397,9 @@ def _gather_nd_lowering(lowering):
 
     It declines (our kernel) for K = 0 or a K known only at run time, a
     dtype outside FUSED_DTYPES, and params with an indexed size that may be
-    0 (no row to load in place of a bad one): _first_element_stands_in."""
+    0 (no row to load in place of a bad one): _first_element_stands_in; and
+    on the CPU for large params whose slices our kernel gathers in passes:
+    _gathers_faster_in_passes."""
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
 
@@ -380,6 +414,8 @@ def _gather_nd_lowering(lowering):
         if _opaque or params.get_dtype() not in FUSED_DTYPES or not _first_element_stands_in(indices, params_shape):
             return call_ours(params, indices, check_bounds=check_bounds)
         depth = int(index_shape[-1])
+        if _gathers_faster_in_passes(params, depth):
+            return call_ours(params, indices, check_bounds=check_bounds)
         rows, sizes, rest = index_shape[:-1], params_shape[:depth], params_shape[depth:]
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
