@@ -289,7 +289,7 @@ def _keeps_loop_scalar(indices, rows, sizes, rest):
 
 
 # From this many bytes of params on, our CPU kernel gathers the slices it
-# takes in passes faster than Inductor's loop (1.4-1.8x at 16 MiB, 1.7-3.2x
+# takes in passes faster than Inductor's loop (1.4-1.9x at 16 MiB, 1.7-3.2x
 # at 40 MiB; level or slower up to 8 MiB: benchmarks/METHODS.md).
 GATHER_IN_PASSES_CPU_BYTES = 16 * 2**20
 
