@@ -3,12 +3,15 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
 #include <c10/core/ScalarType.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -40,6 +43,31 @@ inline std::string message_piece(at::IntArrayRef shape) {
   return text + "]";
 }
 inline std::string message_piece(const c10::Device& device) { return device.str(); }
+// A float in the fewest significant digits that read back as it (1e+40, 0.1).
+inline std::string message_piece(double value) {
+  char text[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) {
+      break;
+    }
+  }
+  return text;
+}
+// A number as Python reads it: True, 300, 1e+40, (1+2j).
+inline std::string message_piece(const c10::Scalar& number) {
+  if (number.isBoolean()) {
+    return number.toBool() ? "True" : "False";
+  }
+  if (number.isComplex()) {
+    const c10::complex<double> value = number.toComplexDouble();
+    return "(" + message_piece(value.real()) + (value.imag() < 0 ? "" : "+") + message_piece(value.imag()) + "j)";
+  }
+  if (number.isFloatingPoint()) {
+    return message_piece(number.toDouble());
+  }
+  return number.isUnsigned() ? std::to_string(number.toUInt64()) : std::to_string(number.toLong());
+}
 
 template <typename... Pieces>
 std::string message(const Pieces&... pieces) {

@@ -21,6 +21,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 namespace torch_masked {
@@ -181,7 +182,16 @@ inline Selection prepare_where_number(const at::Tensor& condition, const at::Ten
   check_same_device("where", {{"condition", &condition}, {number_is_x ? "y" : "x", &tensor}});
   check_condition_dtype("where", condition);
   const at::ScalarType dtype = at::result_type(tensor, number);
-  const at::Tensor value = at::scalar_tensor(number, at::TensorOptions(dtype));
+  at::Tensor value;
+  try {
+    value = at::scalar_tensor(number, at::TensorOptions(dtype));
+  } catch (const std::runtime_error& error) {
+    // c10's refusal of a number the dtype cannot hold, torch.where's error
+    // ("value cannot be converted to type int8_t without overflow"), names
+    // neither the argument nor the number.
+    MASKED_CHECK(false, "where: ", number_is_x ? "x" : "y", "=", number, " does not fit the result dtype ",
+                 dtype_name(dtype), ": ", error.what());
+  }
   const at::Tensor& x = number_is_x ? value : tensor;
   const at::Tensor& y = number_is_x ? tensor : value;
   Selection s = make_selection("where", condition, x, y, broadcast_select_shape(condition, x, y), dtype);

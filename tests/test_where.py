@@ -2,6 +2,7 @@
 torch.nonzero, torch.where, hand-worked row selections and the examples of
 the tf.where and Select (Where3) reference pages."""
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -340,14 +341,26 @@ def test_where_python_numbers_compile_without_graph_breaks(dtype, rank):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype, number", [(torch.float32, 1e40), (torch.uint8, 300)], ids=str)
+@pytest.mark.parametrize("dtype, number", [(torch.float32, 1e40), (torch.uint8, 300), (torch.complex64, 1e40 - 2j)],
+                         ids=str)
 def test_where_number_that_does_not_fit_raises_like_torch(device, dtype, number):
     condition = random_condition((3,), device)
     x = make_tensor((3,), dtype, device, generator=gen(1))
     with pytest.raises(RuntimeError, match="overflow"):
         torch.where(condition, x, number)
-    with pytest.raises(RuntimeError, match="overflow"):
+    # torch's error, with the argument and the number named.
+    refusal = f"does not fit the result dtype {dtype}: value cannot be converted to type .* without overflow"
+    shown = {1e40: r"1e\+40", 300: "300", 1e40 - 2j: r"\(1e\+40-2j\)"}[number]
+    with pytest.raises(RuntimeError, match=rf"^where: y={shown} {refusal}"):
         torch_masked.where(condition, x, number)
+    with pytest.raises(RuntimeError, match=rf"^where: x={shown} {refusal}"):
+        torch_masked.where(condition, number, x)
+    # NumPy's scalars, made tensors by the front door.
+    scalar = {float: np.float64, int: np.int64, complex: np.complex128}[type(number)]
+    with pytest.raises(RuntimeError, match=rf"^where: y={re.escape(repr(scalar(number)))} {refusal}"):
+        torch_masked.where(condition, x, scalar(number))
+    with pytest.raises(RuntimeError, match=rf"^select: y={shown} {refusal}"):
+        torch_masked.select(condition[0], x[0], number)
 
 
 @pytest.mark.parametrize("device", DEVICES)

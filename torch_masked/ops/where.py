@@ -167,7 +167,12 @@ def _as_tensor(op, name, value, partner, device):
             dtype = _dtype_with_number(partner.dtype, value)
         else:  # NumPy's scalars, which torch promotes in its own ways
             dtype = torch.result_type(partner, value)
-        return torch.full((), value, dtype=dtype, device=device)
+        try:
+            return torch.full((), value, dtype=dtype, device=device)
+        except RuntimeError as error:
+            # torch's "value cannot be converted to type int8_t without
+            # overflow" names neither the argument nor the number.
+            raise RuntimeError(f"{op}: {name}={value!r} does not fit the result dtype {dtype}: {error}") from error
     if type(value) in _PYTHON_NUMBERS:  # a condition, or a number known only at run time
         return torch.full((), value, device=device)
     return as_tensor(op, name, value, device=device)
