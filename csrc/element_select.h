@@ -188,9 +188,10 @@ inline Selection prepare_where_number(const at::Tensor& condition, const at::Ten
   } catch (const std::runtime_error& error) {
     // c10's refusal of a number the dtype cannot hold, torch.where's error
     // ("value cannot be converted to type int8_t without overflow"), names
-    // neither the argument nor the number.
-    MASKED_CHECK(false, "where: ", number_is_x ? "x" : "y", "=", number, " does not fit the result dtype ",
-                 dtype_name(dtype), ": ", error.what());
+    // neither the argument nor the number: named as the front doors name
+    // an argument they cannot make a tensor of (torch_masked/ops/_checks.py).
+    MASKED_CHECK(false, "where: cannot make a tensor of ", number_is_x ? "x" : "y", " = ", number, ": ",
+                 error.what());
   }
   const at::Tensor& x = number_is_x ? value : tensor;
   const at::Tensor& y = number_is_x ? tensor : value;

@@ -349,17 +349,17 @@ def test_where_number_that_does_not_fit_raises_like_torch(device, dtype, number)
     with pytest.raises(RuntimeError, match="overflow"):
         torch.where(condition, x, number)
     # torch's error, with the argument and the number named.
-    refusal = f"does not fit the result dtype {dtype}: value cannot be converted to type .* without overflow"
+    refusal = "value cannot be converted to type .* without overflow"
     shown = {1e40: r"1e\+40", 300: "300", 1e40 - 2j: r"\(1e\+40-2j\)"}[number]
-    with pytest.raises(RuntimeError, match=rf"^where: y={shown} {refusal}"):
+    with pytest.raises(RuntimeError, match=rf"^where: cannot make a tensor of y = {shown}: {refusal}"):
         torch_masked.where(condition, x, number)
-    with pytest.raises(RuntimeError, match=rf"^where: x={shown} {refusal}"):
+    with pytest.raises(RuntimeError, match=rf"^where: cannot make a tensor of x = {shown}: {refusal}"):
         torch_masked.where(condition, number, x)
     # NumPy's scalars, made tensors by the front door.
-    scalar = {float: np.float64, int: np.int64, complex: np.complex128}[type(number)]
-    with pytest.raises(RuntimeError, match=rf"^where: y={re.escape(repr(scalar(number)))} {refusal}"):
-        torch_masked.where(condition, x, scalar(number))
-    with pytest.raises(RuntimeError, match=rf"^select: y={shown} {refusal}"):
+    scalar = {float: np.float64, int: np.int64, complex: np.complex128}[type(number)](number)
+    with pytest.raises(RuntimeError, match=rf"^where: cannot make a tensor of y = {re.escape(repr(scalar))}: {refusal}"):
+        torch_masked.where(condition, x, scalar)
+    with pytest.raises(RuntimeError, match=rf"^select: cannot make a tensor of y = {shown}: {refusal}"):
         torch_masked.select(condition[0], x[0], number)
 
 

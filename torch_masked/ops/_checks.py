@@ -12,14 +12,14 @@ def check(cond, op, message):
     torch._check(cond, lambda: f"{op}: {message}")
 
 
-def as_tensor(op, name, value, **options):
-    """torch.as_tensor(value, **options), for a front door's argument given as
-    an array-like (a number, a nested list, a NumPy array). Where torch makes
-    no tensor of it (None, a string, a ragged list, a value the dtype cannot
-    hold), torch's error names neither the op nor the argument: raised again
-    with both, and the value."""
+def as_tensor(op, name, value, make=torch.as_tensor, **options):
+    """make(value, **options), torch.as_tensor unless given, for a front
+    door's argument given as an array-like (a number, a nested list, a NumPy
+    array). Where torch makes no tensor of it (None, a string, a ragged list,
+    a value the dtype cannot hold), torch's error names neither the op nor
+    the argument: raised again with both, and the value."""
     try:
-        return torch.as_tensor(value, **options)
+        return make(value, **options)
     except (TypeError, ValueError, RuntimeError) as error:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."

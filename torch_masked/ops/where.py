@@ -8,6 +8,7 @@ gradients: csrc/autograd/where_autograd.cpp).
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import overload
 
@@ -167,12 +168,7 @@ def _as_tensor(op, name, value, partner, device):
             dtype = _dtype_with_number(partner.dtype, value)
         else:  # NumPy's scalars, which torch promotes in its own ways
             dtype = torch.result_type(partner, value)
-        try:
-            return torch.full((), value, dtype=dtype, device=device)
-        except RuntimeError as error:
-            # torch's "value cannot be converted to type int8_t without
-            # overflow" names neither the argument nor the number.
-            raise RuntimeError(f"{op}: {name}={value!r} does not fit the result dtype {dtype}: {error}") from error
+        return as_tensor(op, name, value, make=functools.partial(torch.full, ()), dtype=dtype, device=device)
     if type(value) in _PYTHON_NUMBERS:  # a condition, or a number known only at run time
         return torch.full((), value, device=device)
     return as_tensor(op, name, value, device=device)
