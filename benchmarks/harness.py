@@ -5,7 +5,9 @@ the ratio.
 Each benchmarks/bench_<op>.py defines ``cases(device, quick)`` yielding Case
 objects; benchmarks/run.py collects and prints them.
 """
+import ctypes
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -52,6 +54,33 @@ class Row:
                 "ours_s": self.ours_s, "native_s": self.native_s, "numpy_s": self.numpy_s,
                 "jax_s": self.jax_s, "bytes_moved": self.case.bytes_moved,
                 "size": self.case.size, "series": self.case.series}
+
+
+# glibc's mallopt parameters, and the values its own rule reaches once a
+# process has freed a 32 MiB buffer (the largest it adapts to).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_BYTES = 32 * 2**20
+
+
+def settle_heap():
+    """Fixes where glibc puts large buffers and when it hands freed heap back
+    to the kernel, at the state its own adaptive rule settles in: buffers
+    under 32 MiB from the heap, which is given back once 64 MiB lie free at
+    its top; larger ones mapped afresh on every call, on both sides alike.
+    Left to adapt, the rule follows the sizes that the rows before happened
+    to free, and a side whose output then lands at the heap's top has it
+    given back and faulted in afresh on every call: the same compiled chain
+    read 0.6 or 1.4 times native in different processes
+    (benchmarks/METHODS.md). No-op elsewhere than glibc."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_BYTES)
 
 
 def time_one_call(fn, is_cuda):

@@ -46,7 +46,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import goals  # noqa: E402
 import jax_peer  # noqa: E402
-from harness import Case, Row, fmt, fmt_ms, has_jax, print_table, run_case, time_interleaved  # noqa: E402
+from harness import Case, Row, fmt, fmt_ms, has_jax, print_table, run_case, settle_heap, time_interleaved  # noqa: E402
 from run import OPS, write_json  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "RESULTS.md")
@@ -434,6 +434,7 @@ def main():
         write_sections(out, args.device, rows, [], runs, plots, plot_dir, json_path, saved["title"])
         return
 
+    settle_heap()
     start, load = time.perf_counter(), os.getloadavg()
     title = f"torch_masked benchmarks on {args.device} ({machine(args.device)}), torch {torch.__version__}"
     copies, copy_numel = copy_bandwidth(args.device, args.quick)

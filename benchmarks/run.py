@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import torch_masked  # noqa: E402,F401
-from harness import print_table, run_case  # noqa: E402
+from harness import print_table, run_case, settle_heap  # noqa: E402
 
 OPS = ["nonzero", "where", "boolean_mask", "scatter_nd", "compiled", "overhead"]
 
@@ -35,6 +35,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     parser.add_argument("--json", help="also write the rows there, for benchmarks/goals.py")
     args = parser.parse_args()
+    settle_heap()
 
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
     title = f"torch_masked benchmarks on {args.device} ({where}), torch {torch.__version__}"
