@@ -7,7 +7,6 @@ objects; benchmarks/run.py collects and prints them.
 """
 import ctypes
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -71,16 +70,13 @@ def settle_heap():
     to free, and a side whose output then lands at the heap's top has it
     given back and faulted in afresh on every call: the same compiled chain
     read 0.6 or 1.4 times native in different processes
-    (benchmarks/METHODS.md). No-op elsewhere than glibc."""
-    if not sys.platform.startswith("linux"):
-        return
+    (benchmarks/METHODS.md). No-op where there is no glibc to load."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return
-    if hasattr(libc, "mallopt"):
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_BYTES)
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_BYTES)
 
 
 def time_one_call(fn, is_cuda):

@@ -148,6 +148,10 @@ def _dtype_with_number(dtype, number):
     return torch.promote_types(dtype if dtype.is_floating_point else torch.get_default_dtype(), torch.complex32)
 
 
+# The maker of a number's 0-d tensor, built once rather than on every call.
+_full_0d = functools.partial(torch.full, ())
+
+
 def _as_tensor(op, name, value, partner, device):
     """`value` (`op`'s argument `name`) as a tensor on `device`.
 
@@ -168,7 +172,7 @@ def _as_tensor(op, name, value, partner, device):
             dtype = _dtype_with_number(partner.dtype, value)
         else:  # NumPy's scalars, which torch promotes in its own ways
             dtype = torch.result_type(partner, value)
-        return as_tensor(op, name, value, make=functools.partial(torch.full, ()), dtype=dtype, device=device)
+        return as_tensor(op, name, value, make=_full_0d, dtype=dtype, device=device)
     if type(value) in _PYTHON_NUMBERS:  # a condition, or a number known only at run time
         return torch.full((), value, device=device)
     return as_tensor(op, name, value, device=device)
