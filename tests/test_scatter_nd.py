@@ -172,14 +172,20 @@ def test_larger_inputs_match_references(device, dtype):
 def test_cpu_sums_in_index_order_like_numpy_add_at(width):
     """Each destination adds its updates in index order, for elements
     (width 1) and slices: float32 results are bitwise np.add.at's, and
-    bfloat16 ones are float32 sums rounded once."""
+    bfloat16 ones are float32 sums rounded once; into zeros, into a base
+    tensor, and into that tensor in place, by one block and by two."""
     gen = torch.Generator().manual_seed(3)
     n = 200_000 // width
     shape = [1000] if width == 1 else [1000, width]
     idx = torch.randint(0, 1000, (n,), generator=gen)
     upd = torch.randn([n] + shape[1:], generator=gen)
+    base = torch.randn(shape, generator=gen)
     expected = np.zeros(shape, np.float32)
     np.add.at(expected, idx.numpy(), upd.numpy())
+    expected_with_base = base.numpy().copy()
+    np.add.at(expected_with_base, idx.numpy(), upd.numpy())
+    expected_bf16_with_base = base.bfloat16().float().numpy()
+    np.add.at(expected_bf16_with_base, idx.numpy(), upd.bfloat16().float().numpy())
     # A row out of bounds, dropped with check_bounds=False.
     bad_idx = torch.cat([idx[:5], torch.tensor([1000]), idx[5:]])
     bad_upd = torch.cat([upd[:5], torch.full([1] + shape[1:], 7.0), upd[5:]])
@@ -189,6 +195,10 @@ def test_cpu_sums_in_index_order_like_numpy_add_at(width):
         try:
             ours = torch_masked.scatter_nd(idx.unsqueeze(1), upd, shape)
             ours_bf16 = torch_masked.scatter_nd(idx.unsqueeze(1), upd.bfloat16(), shape)
+            with_base = torch_masked.tensor_scatter_nd_add(base, idx.unsqueeze(1), upd)
+            bf16_with_base = torch_masked.tensor_scatter_nd_add(base.bfloat16(), idx.unsqueeze(1), upd.bfloat16())
+            bf16_in_place = base.bfloat16()
+            torch.ops.masked.tensor_scatter_nd_add_(bf16_in_place, idx.unsqueeze(1), upd.bfloat16())
             dropped = torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, shape, check_bounds=False)
             with pytest.raises(IndexError, match=r"got \[1000\] at indices\[5\]"):
                 torch_masked.scatter_nd(bad_idx.unsqueeze(1), bad_upd, shape)
@@ -199,6 +209,9 @@ def test_cpu_sums_in_index_order_like_numpy_add_at(width):
         expected_bf16 = np.zeros(shape, np.float32)
         np.add.at(expected_bf16, idx.numpy(), upd.bfloat16().float().numpy())
         assert torch.equal(ours_bf16, torch.from_numpy(expected_bf16).bfloat16())
+        assert torch.equal(with_base, torch.from_numpy(expected_with_base))
+        assert torch.equal(bf16_with_base, torch.from_numpy(expected_bf16_with_base).bfloat16())
+        assert torch.equal(bf16_in_place, bf16_with_base)
 
 
 @pytest.mark.cpu_kernel
