@@ -679,8 +679,9 @@ def test_gather_from_views(device, depth):
 @pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64])
 def test_gathers_rows_of_a_transposed_matrix(device, dtype):
     """Slices of one stride whose elements lie a cache line or more apart
-    (the rows of a transposed matrix), 70 elements wide, from params of
-    over 1 MiB, in rows enough to split among threads: the CPU gathers a
+    (the rows of a transposed matrix), 70 elements wide, from params of 2
+    to 18 MiB (float32 and float64 past the 8 MiB from which the CPU
+    prefetches), in rows enough to split among threads: the CPU gathers a
     cache line of output's worth of columns at a time (the last one
     partial). Rows out of bounds read as zeros without check_bounds, and
     the first of them is named with it."""
@@ -701,6 +702,27 @@ def test_gathers_rows_of_a_transposed_matrix(device, dtype):
     assert torch_masked.gather_nd(no_columns, indices % 80).shape == (1000, 0)
     with pytest.raises(IndexError, match=r"got \[80\] at indices\[0\]"):
         torch_masked.gather_nd(no_columns, torch.tensor([[80]], device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gathers_elements_from_params_prefetched_or_not(device):
+    """Elements gathered from float32 params of 4 and 12 MiB, either side of
+    the 8 MiB from which the CPU prefetches each row's source rows ahead:
+    the values of params[idx]; rows out of bounds, the last row among them
+    (whose rows ahead lie past the end), read as zeros without check_bounds
+    and are named with it."""
+    gen = torch.Generator().manual_seed(71)
+    for n in (2**20, 3 * 2**20):
+        params = torch.randn(n, generator=gen).to(device)
+        indices = torch.randint(0, n, (100_000, 1), generator=gen).to(device)
+        assert_same(torch_masked.gather_nd(params, indices), reference_gather(params, indices))
+        bad = indices.clone()
+        bad[[5, 99_999], 0] = torch.tensor([n, -1], device=device)
+        expected = reference_gather(params, indices)
+        expected[[5, 99_999]] = 0
+        assert_same(torch_masked.gather_nd(params, bad, check_bounds=False), expected)
+        with pytest.raises(IndexError, match=rf"got \[{n}\] at indices\[5\]"):
+            torch_masked.gather_nd(params, bad)
 
 
 @pytest.mark.parametrize("device", DEVICES)

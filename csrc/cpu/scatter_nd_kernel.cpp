@@ -53,8 +53,8 @@ constexpr int64_t kPrefetchRows = 32;
 constexpr int64_t kSumColumns = 1024;
 constexpr int64_t kPrefetchSlices = 8;
 constexpr int64_t kPrefetchRowBytes = 512;
-// Gathers prefetch their sources from params this large on.
-constexpr int64_t kPrefetchFromBytes = int64_t{1} << 20;
+// Gathers prefetch their sources from params this large on (see gather_into_cpu).
+constexpr int64_t kPrefetchFromBytes = int64_t{8} << 20;
 constexpr int64_t kCacheLine = 64;
 
 // Prefetch of the cache line holding `address`, for reading (0) or writing (1).
@@ -605,10 +605,17 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
       const auto gather_rows = [&](auto depth_one, auto prefetching, int64_t begin, int64_t end) {
         constexpr bool kDepthOne = decltype(depth_one)::value;
         constexpr bool kPrefetching = decltype(prefetching)::value;
+        // Copies of the pointers the rows use: the loop calls memcpy and
+        // fill, which for all the compiler knows could change the variables
+        // captured by reference, so it would read those again on every row.
+        const index_t* const rows = index_data;
+        const T* const source = src;
+        T* const out = dst;
+        const int64_t depth = kDepthOne ? 1 : g.depth;
         // The offset in params of row n's first element, or -1 when the row
         // is out of bounds (slot_of at depth one gives the index itself).
         const auto first_element = [&](int64_t n) {
-          const int64_t slot = slot_of<kDepthOne>(in_params, index_data + n * g.depth);
+          const int64_t slot = slot_of<kDepthOne>(in_params, rows + n * depth);
           return kDepthOne && slot > 0 ? slot * in_params.slot_strides[0] : slot;
         };
         for (int64_t column = 0; column < std::max<int64_t>(slice, 1); column += pass_columns) {
@@ -620,28 +627,30 @@ void gather_into_cpu(at::Tensor& output, const at::Tensor& params, const at::Ten
             // prefetch a few rows ahead.
             if constexpr (kPrefetching) {
               const int64_t ahead = first_element(std::min(n + kPrefetchRows, end - 1));
-              prefetch_row(src + std::max<int64_t>(ahead, 0) + column_offset,
+              prefetch_row(source + std::max<int64_t>(ahead, 0) + column_offset,
                            (dense_slice ? slice : 1) * static_cast<int64_t>(sizeof(T)));
             }
             const int64_t first = first_element(n);
-            T* row = dst + n * slice;
+            T* row = out + n * slice;
             if (first < 0) {
               note_bad_row(first_bad, n);
               std::fill(row + column, row + column_end, T{});
             } else if (slice == 1) {
-              *row = src[first];
+              *row = source[first];
             } else if (!dense_slice) {
               for (int64_t j = column; j < column_end; ++j) {
-                row[j] = src[first + offsets[j]];
+                row[j] = source[first + offsets[j]];
               }
             } else if (slice > 0) {
-              std::memcpy(row, src + first, slice * sizeof(T));
+              std::memcpy(row, source + first, slice * sizeof(T));
             }
           }
         }
       };
-      // A params small enough to stay in cache is read without prefetching:
-      // finding the row ahead would cost more than the misses it saves.
+      // A params small enough to stay in the last cache is read without
+      // prefetching: out-of-order execution already overlaps those misses,
+      // and finding the row ahead would cost more than it saves
+      // (benchmarks/METHODS.md).
       const bool prefetching = params.numel() > kPrefetchFromBytes / params.element_size();
       at::parallel_for(0, g.num_rows, grain, [&](int64_t begin, int64_t end) {
         const auto with_depth = [&](auto depth_one) {
