@@ -4,8 +4,10 @@ AOTInductor into a package that loads back (here and in a fresh process) and
 runs; every time on inputs of other sizes than the export's, equal to eager.
 One module holds every op, since an AOTInductor compile takes tens of seconds.
 Then the ops taking lists of sizes under Inductor's C++ wrapper, and every
-front door under torch.fx.symbolic_trace."""
+front door under torch.fx.symbolic_trace, under Dynamo (imported before
+torch_masked or after), and given tensor subclasses and modes."""
 
+import pathlib
 import subprocess
 import sys
 
@@ -142,6 +144,52 @@ def test_fx_symbolic_trace_records_every_front_door():
             tm.tensor_scatter_nd_add} <= called
     for args in RUNS:
         assert_equal_outputs(traced(*args), every_front_door(*args))
+
+
+def compiled_front_doors_equal_eager():
+    """Dynamo traces every front door, whole (fullgraph), to the same values
+    as eager; called in a fresh process by the test below."""
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(every_front_door, fullgraph=True, backend="eager")
+        for args in RUNS:
+            assert_equal_outputs(compiled(*args), every_front_door(*args))
+
+
+@pytest.mark.parametrize("first", ["torch_masked", "dynamo"])
+def test_dynamo_traces_the_ops_front_doors_call_whichever_is_imported_first(first):
+    # The front doors call each op's C++ entry point, which Dynamo is told to
+    # trace as the op once it is imported (torch_masked/ops/_overrides.py).
+    imports = {"torch_masked": "import torch, torch_masked\nassert 'torch._dynamo' not in sys.modules\n",
+               "dynamo": "import torch._dynamo, torch_masked\n"}[first]
+    script = (f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n{imports}"
+              "from test_export import compiled_front_doors_equal_eager\ncompiled_front_doors_equal_eager()\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+
+
+def test_front_doors_hand_tensor_subclasses_and_modes_the_op():
+    seen = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x, c, idx, values = inputs(5, 4)
+    logged = x.as_subclass(Logged)
+    result = tm.where(c, logged, 0.0)
+    assert type(result) is Logged and torch.equal(result.as_subclass(torch.Tensor), torch.where(c, x, 0.0))
+    tm.gather_nd(logged, idx)
+    with Mode():
+        tm.scatter_nd(idx, values, [5, 3])
+        tm.nonzero(x)
+    assert seen == [torch.ops.masked.where.ScalarOther, torch.ops.masked.gather_nd.default,
+                    torch.ops.masked.scatter_nd.default, torch.ops.masked.nonzero.default]
 
 
 def test_a_torch_function_mode_alone_does_not_take_the_call():
