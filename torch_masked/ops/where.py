@@ -240,8 +240,11 @@ def where(condition: TensorLike, x: TensorLike | None = None, y: TensorLike | No
     ``y``, all three broadcast together (NumPy rules), in the dtype
     ``torch.result_type(x, y)``. Python numbers and nested lists are accepted
     wherever a tensor is."""
-    if isinstance(condition, torch.Tensor) and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-        return _where_self(condition, x, y)  # the common call, first
+    if isinstance(condition, torch.Tensor) and isinstance(x, torch.Tensor):  # the common calls, first
+        if isinstance(y, torch.Tensor):
+            return _where_self(condition, x, y)
+        if _is_number(y):
+            return _where_number_y(condition, x, y)
     if has_stand_in(condition, x, y):
         return handle_torch_function(where, (condition, x, y), condition, x, y)
     if x is None and y is None:
