@@ -6,8 +6,8 @@ A front door given a tensor-like that is not a tensor (FX's Proxy, under
 ``torch.overrides.handle_torch_function``: FX then records
 ``torch_masked.where`` itself, where the front door would otherwise try to
 make a tensor of the Proxy. Tensors never take this path: the op they reach
-is called through torch.ops, which honours ``__torch_function__`` (tensor
-subclasses) and TorchFunctionModes itself. Nor does an active mode alone,
+is called through its entry point (below), which honours
+``__torch_function__`` (tensor subclasses) and TorchFunctionModes itself. Nor does an active mode alone,
 so that a mode such as ``with torch.device(...)`` still sees the tensors a
 front door makes of numbers and lists.
 """
