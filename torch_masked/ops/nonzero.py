@@ -68,8 +68,7 @@ def _nonzero_static_fake(input, *, size, fill_value=-1):
     return input.new_empty((size, input.dim()), dtype=torch.long)
 
 
-# The ops the front doors call, as entry points looked up once (through
-# torch.ops, a lookup costs 0.3 µs a call).
+# The ops the front doors call, as their entry points.
 _nonzero = entry_point(torch.ops.masked.nonzero.default)
 _nonzero_tuple = entry_point(torch.ops.masked.nonzero_tuple.default)
 _nonzero_static = entry_point(torch.ops.masked.nonzero_static.default)

@@ -94,8 +94,7 @@ def _select_fake(condition, x, y):
 
 # Front doors.
 
-# The overloads the front door calls, as entry points looked up once (through
-# torch.ops, a lookup costs 0.3 µs a call).
+# The overloads the front doors call, as their entry points.
 _where_indices = entry_point(torch.ops.masked.where.default)
 _where_self = entry_point(torch.ops.masked.where.self)
 _where_number_x = entry_point(torch.ops.masked.where.ScalarSelf)
