@@ -3,7 +3,10 @@ against the same chain with the native equivalent, both
 ``torch.compile(fullgraph=True)`` with Inductor, in the same process. Inductor
 fuses ``where``, ``select`` and ``gather_nd`` itself (torch_masked/compile.py);
 the other ops stay our kernels there, and these rows are the measurement
-that decides it (``torch_masked.compile.opaque()`` gives the other side)."""
+that decides it (``torch_masked.compile.opaque()`` gives the other side).
+The differentiable chains are timed again as training steps, forward and
+backward ("compiled fwd+bwd"), where the backward graph holds each op's
+gradient (our ops, or Inductor's code for them) against ATen's."""
 import re
 
 import torch
@@ -18,8 +21,12 @@ WHERE_NUMBER = "(where(x>0, x, 0.0)*y).sum()"
 SELECT = f"(select(rows, x*2, y)+1).sum(), rows of {ROWS_OF}"
 SCATTER = "scatter_nd(idx, x[:n/10]*2, [n])+1"
 MASK = "(boolean_mask(x*2, m)+1).sum()"
-# The chains of a quick run.
+# The chains of a quick run, and those it also times as training steps.
 QUICK = {WHERE_NUMBER, SELECT, SCATTER, MASK}
+QUICK_TRAINED = {MASK}
+# The ops whose chains are also timed as training steps (_training_case):
+# each once, with bounds checked.
+TRAINED = {"where", "select", "gather_nd", "scatter_nd", "tensor_scatter_nd_add", "boolean_mask"}
 
 
 def _compiled(fn):
@@ -28,10 +35,11 @@ def _compiled(fn):
     return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
-def _generated(fn, args):
-    """What Inductor generated for fn: its kernels' sources, kernel names left
-    out, and the library calls its wrapper makes."""
-    _, modules = run_and_get_code(fn, *args)
+def _generated(call):
+    """What Inductor generated for call (forward and backward graphs): its
+    kernels' sources, kernel names left out, and the library calls its
+    wrapper makes."""
+    _, modules = run_and_get_code(call)
     kernels = sorted(re.sub(r"\b(cpp|triton)_\w+", "kernel", source)
                      for module in modules for source in re.findall(r"'''(.*?)'''", module, re.S))
     calls = [call for module in modules for call in re.findall(r"\b(torch\.ops\.[\w.]+|extern_kernels\.\w+)\(", module)]
@@ -39,8 +47,45 @@ def _generated(fn, args):
 
 
 def _case(op, name, n, ours, native, native_name, args):
-    title = f"{op}: {name} {n:.0e}"
+    """The forward chain, each side called on args."""
     ours, native = _compiled(ours), _compiled(native)
+    return _timed_case("compiled", op, f"{op}: {name} {n:.0e}", n, lambda: ours(*args), lambda: native(*args),
+                       native_name)
+
+
+def _loss(chain):
+    """The chain's sum, where it is not a sum already: the loss of a step."""
+    def loss(*args):
+        out = chain(*args)
+        return out if out.dim() == 0 else out.sum()
+
+    return loss
+
+
+def _training_case(op, name, n, ours, native, native_name, args):
+    """A training step through the chain: its forward, and the gradients of
+    its loss (_loss) with respect to its floating-point inputs, which
+    AOTAutograd compiles as a backward graph of its own; the two sides'
+    gradients must agree."""
+    args = [arg.detach().requires_grad_() if torch.is_tensor(arg) and arg.is_floating_point() else arg
+            for arg in args]
+    differentiable = [arg for arg in args if torch.is_tensor(arg) and arg.requires_grad]
+    ours, native = _compiled(_loss(ours)), _compiled(_loss(native))
+
+    def step(loss):
+        return lambda: torch.autograd.grad(loss(*args), differentiable)
+
+    def agree(ours_grads, native_grads):
+        for mine, theirs in zip(ours_grads, native_grads):
+            torch.testing.assert_close(mine, theirs)
+
+    title = f"{op}: {name}{'' if '.sum()' in name else ', summed'}, forward and backward {n:.0e}"
+    return _timed_case("compiled fwd+bwd", op, title, n, step(ours), step(native), native_name, agree)
+
+
+def _timed_case(group, op, title, n, ours, native, native_name, agree=None):
+    """The case of a compiled chain, ours and native each a call of it
+    without arguments; agree(ours(), native()) checks their results."""
     try:
         # Compiled here, before the timing; the native boolean mask and
         # nonzero make sizes known only at run time, which Dynamo captures
@@ -48,26 +93,20 @@ def _case(op, name, n, ours, native, native_name, args):
         with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
             # Where both sides run the same code, their ratio is the harness's
             # spread (benchmarks/METHODS.md), and the row says so.
-            same_code = _generated(ours, args) == _generated(native, args)
+            same_code = _generated(ours) == _generated(native)
             # run_and_get_code starts Dynamo afresh: ours is compiled again,
             # from Inductor's cache.
-            ours(*args), native(*args)
+            results = ours(), native()
+            if agree is not None:
+                agree(*results)
     except Exception as error:  # noqa: BLE001 - one chain failing leaves the others
         # Raised again by the row's first call, so that the report lists the
         # failure under this row and goes on with the next chain.
         def failed(error=error):
             raise error
 
-        return Case("compiled", title, failed, failed, native_name, size=n, series=op)
-    return Case(
-        "compiled",
-        title + (" (same code)" if same_code else ""),
-        lambda: ours(*args),
-        lambda: native(*args),
-        native_name,
-        size=n,
-        series=op,
-    )
+        return Case(group, title, failed, failed, native_name, size=n, series=op)
+    return Case(group, title + (" (same code)" if same_code else ""), ours, native, native_name, size=n, series=op)
 
 
 def _where_same_shape(c, x, y):
@@ -152,10 +191,15 @@ def _native_nonzero(x):
 
 def cases(device, quick):
     """Quick: 1e4 elements, and only a few chains (each costs two compiles):
-    a fused one and opaque ones, one of them of a size known at run time."""
-    for chain in _chains(device, [10**4] if quick else [10**6, 10**7]):
+    a fused one and opaque ones, one of them of a size known at run time;
+    and one training step."""
+    sizes = [10**4] if quick else [10**6, 10**7]
+    for chain in _chains(device, sizes):
         if not quick or chain[1] in QUICK:
             yield _case(*chain)
+    for chain in _chains(device, sizes):
+        if chain[0] in TRAINED and (not quick or chain[1] in QUICK_TRAINED):
+            yield _training_case(*chain)
 
 
 def _chains(device, sizes):

@@ -77,6 +77,8 @@ def cuda_goals(rows):
             goals.append((f"deterministic / atomic, {base}", f"{times:.2f}x", "<= 2.00x", times <= 2.0))
     goals.append(ratio_goal("compiled chains vs the native chains compiled, every row",
                             [r for r in rows if r["op"] == "compiled"], 1.0))
+    goals.append(ratio_goal("compiled training steps vs the native steps compiled, every row",
+                            [r for r in rows if r["op"] == "compiled fwd+bwd"], 1.0))
     goals.append(ratio_goal("nonzero vs torch.nonzero (for reference)",
                             [r for r in rows if r["op"].startswith("nonzero")]))
     return goals
