@@ -516,6 +516,30 @@ def test_compiled_training_step(device, dynamic):
             torch.testing.assert_close(compiled_value, eager)
 
 
+@pytest.mark.xfail(
+    torch.torch_version.TorchVersion(torch.__version__) >= (2, 14),
+    raises=NameError,
+    strict=True,
+    reason="torch 2.14's Inductor binds no size from a graph input without elements, here the gradient of the "
+    "output, whose selected size its backward then names unbound (x[:, mask]'s alike; torch 2.11 binds it)",
+)
+def test_compiled_backward_into_an_empty_output_of_data_dependent_size():
+    """The compiled graph's output itself has no elements and a selected size
+    known only at run time, and the gradient flows back into it."""
+    torch._dynamo.reset()
+
+    def tripled(x, mask):
+        return torch_masked.boolean_mask(x, mask, axis=1) * 3
+
+    compiled = torch.compile(tripled, fullgraph=True, dynamic=False)
+    x = torch.randn(0, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([True, False, True])
+    result = compiled(x, mask)
+    assert result.shape == (0, 2)
+    (grad,) = torch.autograd.grad(result, x, torch.ones_like(result))
+    torch.testing.assert_close(grad, torch.zeros(0, 3, dtype=torch.float64))
+
+
 def mask_of_selection(x, mask, second_mask):
     """boolean_mask of a selection by a mask that is itself a selection: to a
     trace, the two lengths are unrelated sizes known only at run time."""
