@@ -53,24 +53,24 @@ def _case(op, name, n, ours, native, native_name, args):
                        native_name)
 
 
-def _loss(chain):
-    """The chain's sum, where it is not a sum already: the loss of a step."""
-    def loss(*args):
-        out = chain(*args)
-        return out if out.dim() == 0 else out.sum()
-
-    return loss
+def _summed(chain):
+    """The chain's sum: the loss of a step through a chain of a tensor."""
+    return lambda *args: chain(*args).sum()
 
 
 def _training_case(op, name, n, ours, native, native_name, args):
     """A training step through the chain: its forward, and the gradients of
-    its loss (_loss) with respect to its floating-point inputs, which
-    AOTAutograd compiles as a backward graph of its own; the two sides'
-    gradients must agree."""
+    its loss (the chain where it ends in a sum, as its name says, else its
+    sum) with respect to its floating-point inputs, which AOTAutograd
+    compiles as a backward graph of its own; the two sides' gradients must
+    agree."""
     args = [arg.detach().requires_grad_() if torch.is_tensor(arg) and arg.is_floating_point() else arg
             for arg in args]
     differentiable = [arg for arg in args if torch.is_tensor(arg) and arg.requires_grad]
-    ours, native = _compiled(_loss(ours)), _compiled(_loss(native))
+    summed = ".sum()" not in name
+    if summed:
+        ours, native = _summed(ours), _summed(native)
+    ours, native = _compiled(ours), _compiled(native)
 
     def step(loss):
         return lambda: torch.autograd.grad(loss(*args), differentiable)
@@ -79,7 +79,7 @@ def _training_case(op, name, n, ours, native, native_name, args):
         for mine, theirs in zip(ours_grads, native_grads):
             torch.testing.assert_close(mine, theirs)
 
-    title = f"{op}: {name}{'' if '.sum()' in name else ', summed'}, forward and backward {n:.0e}"
+    title = f"{op}: {name}{', summed' if summed else ''}, forward and backward {n:.0e}"
     return _timed_case("compiled fwd+bwd", op, title, n, step(ours), step(native), native_name, agree)
 
 
@@ -197,6 +197,8 @@ def cases(device, quick):
     for chain in _chains(device, sizes):
         if not quick or chain[1] in QUICK:
             yield _case(*chain)
+    # After every forward chain, so that a run cut short (gpu_check.sh's
+    # time limit) keeps the forward rows; each size's inputs made again.
     for chain in _chains(device, sizes):
         if chain[0] in TRAINED and (not quick or chain[1] in QUICK_TRAINED):
             yield _training_case(*chain)
