@@ -1,8 +1,8 @@
 """where and select inside graphs compiled by Inductor (torch_masked/compile.py):
 values against eager torch.where and our eager kernels for every overload
 and dtype pair, fused (no call of our op in the generated code) or declined;
-compiled backward, and compiled autograd over every op; torch.export
-keeping masked:: ops; the opaque switch.
+compiled backward, and compiled autograd over every op; freezing's folding
+of them; torch.export keeping masked:: ops; the opaque switch.
 
 Compiles cost seconds here, so each test compiles one graph holding many
 cases. What is tested is Inductor's code on the CPU, not our kernels, so the
@@ -515,6 +515,52 @@ def test_index_ops_stay_our_kernels():
     exact(scattered, torch.zeros(8).index_put_((indices[:, 0],), updates, accumulate=True) + x.index_put((indices[:, 0],), updates, accumulate=True))
     exact(masked, (x + 1)[mask])
     exact(positions, torch.nonzero(mask))
+
+
+class FrozenTable(torch.nn.Module):
+    """Every op over parameters and buffers alone, which freezing folds, and
+    over the inputs, which it leaves to the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(50, 8, generator=gen(40)))
+        self.register_buffer("rows", torch.randint(0, 50, (20, 1), generator=gen(41)))
+        self.register_buffer("mask", torch.rand(50, generator=gen(42)) < 0.5)
+        self.register_buffer("condition", torch.rand(50, 8, generator=gen(43)) < 0.5)
+
+    def forward(self, scale, indices):
+        table, rows = self.table, self.rows
+        folded = (torch_masked.gather_nd(table, rows).sum(0) + torch_masked.where(self.condition, table, 0.0).sum(0)
+                  + torch_masked.scatter_nd(rows, table[:20], [50, 8]).sum(0)
+                  + torch_masked.select(self.mask, table, -table).sum(0))
+        return folded, torch_masked.gather_nd(table * scale, indices), torch_masked.boolean_mask(table * scale, self.mask)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_freezing_folds_our_ops_over_parameters(dynamic):
+    # Inductor's freezing (CPU inference) folds what depends on parameters
+    # and buffers alone when it compiles, running our kernels then: no call
+    # of the scatter, which stays ours in a graph, is left. A bad index from
+    # the inputs still raises the eager IndexError. (Folding a size known
+    # only from data, a boolean_mask or nonzero of buffers alone, fails in
+    # torch's freezing, native x[mask] alike.)
+    model = FrozenTable().eval()
+    table, rows, mask, condition = model.table.detach(), model.rows[:, 0], model.mask, model.condition
+    scale, indices = torch.randn(8, generator=gen(44)), torch.randint(0, 50, (5, 1), generator=gen(45))
+    torch._dynamo.reset()
+    with torch.no_grad(), inductor_config.patch(freezing=True), \
+            torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
+        (folded, gathered, masked), code = run_and_get_code(compiled, scale, indices)
+        with pytest.raises(IndexError, match=r"got \[50\] at indices\[1\]"):
+            compiled(scale, torch.tensor([[3], [50]]))
+    assert SCATTER_CALL not in "\n".join(code)
+    expected = (table[rows].sum(0) + torch.where(condition, table, 0.0).sum(0)
+                + torch.zeros(50, 8).index_put_((rows,), table[:20], accumulate=True).sum(0)
+                + torch.where(mask[:, None], table, -table).sum(0))
+    torch.testing.assert_close(folded, expected)
+    exact(gathered, (table * scale)[indices[:, 0]])
+    exact(masked, (table * scale)[mask])
 
 
 FUNCTIONAL_ADD = "torch.ops.masked.tensor_scatter_nd_add.default("
