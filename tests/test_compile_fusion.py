@@ -775,6 +775,28 @@ def test_gather_nd_compiled_raises_the_eager_index_error(device):
     torch.testing.assert_close(compiled(params, good), ((params * 2)[tuple(good.unbind(-1))] + 1).sum(-1))
 
 
+@pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="Inductor's C++ picks the vector width")
+@pytest.mark.parametrize("simdlen", [0, 256], ids=["scalar", "256-bit"])
+def test_gather_nd_fuses_at_every_vector_width(simdlen):
+    # Inductor's C++ for a CPU without vectors, and for AVX2's 8 float lanes
+    # where the tests' machine may have AVX-512's 16: other vector loops and
+    # tails around the fused gather's clamped, zeroed and checked rows.
+    with inductor_config.patch({"cpp.simdlen": simdlen}):
+        width = cpu_vec_isa.pick_vec_isa()
+        if simdlen and (not width or width.bit_width() != simdlen):
+            pytest.skip(f"this CPU has no {simdlen}-bit vectors")
+        torch._dynamo.reset()
+        compiled = torch.compile(gathers, fullgraph=True)
+        params, indices, bad_indices = gather_inputs(FUSED[::3], rows=37, seed=37)
+        results = compiled(params, indices, bad_indices)
+        for result, reference in zip(results, expected_gathers(params, indices, bad_indices), strict=True):
+            exact(result, reference)
+        checked = indices[2].clone()  # elements, read with the check
+        checked[30, 1] = 5
+        with pytest.raises(IndexError, match=r"got \[\d+, 5, \d+\] at indices\[30\]"):
+            compiled(params, indices[:2] + [checked] + indices[3:], bad_indices)
+
+
 def test_gather_nd_check_adds_no_pass_to_a_reduction_over_its_rows(device):
     # (gather_nd(x, idx) * 2 + 1).sum(): whether a row is out of bounds is
     # found in the loop that sums the rows, so the graph is that one kernel
