@@ -46,8 +46,9 @@ def test_ddp_under_torchrun_follows_one_process(tmp_path, single):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     # Under torch 2.11 a rank now and then aborts as it exits, after its last
     # step ("terminate called without an active exception", SIGABRT, about
-    # one run in ten here): one more attempt.
-    ddp = _train(tmp_path, torchrun, "--ddp", "--steps", "4", attempts=2)
+    # one run in ten here, and twice in a row once in a loaded run): two more
+    # attempts.
+    ddp = _train(tmp_path, torchrun, "--ddp", "--steps", "4", attempts=3)
     assert ddp["world_size"] == 2
     assert ddp["eager_compiled_difference"] < 1e-5
     assert ddp["losses"] == pytest.approx(single["losses"][:4], rel=1e-4)
