@@ -22,6 +22,7 @@ difference as JSON.
 """
 import argparse
 import contextlib
+import gc
 import json
 
 import torch
@@ -96,11 +97,28 @@ def main():
     parser.add_argument("--length", type=int, default=12)
     parser.add_argument("--report", help="write the losses and the eager/compiled difference here as JSON")
     args = parser.parse_args()
+    if not args.ddp:
+        train(args, 0, 1)
+        return
+    # torch.distributed.nn, which DDP imports, makes the world group its
+    # functions' default argument for good if the group exists by then; the
+    # group would outlive destroy_process_group(), and with it gloo's worker
+    # threads, into Python's shutdown, where a thread that still frees a
+    # finished all-reduce aborts the process ("terminate called without an
+    # active exception"). Imported first, nothing but DDP holds the group:
+    # train() returns, DDP is collected, and destroying the group joins its
+    # threads while Python still runs.
+    import torch.distributed.nn  # noqa: F401
 
-    rank, world = 0, 1
-    if args.ddp:
-        torch.distributed.init_process_group("gloo")
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    torch.distributed.init_process_group("gloo")
+    train(args, torch.distributed.get_rank(), torch.distributed.get_world_size())
+    gc.collect()
+    torch.distributed.destroy_process_group()
+
+
+def train(args, rank, world):
+    """Checks one compiled step against eager, then trains; rank 0 prints and
+    writes the report."""
     torch.manual_seed(0)  # the same initial model on every rank
     model = Tagger()
     # The model is compiled inside DDP's wrapper: DDP's own forward (its
@@ -149,8 +167,6 @@ def main():
         if args.report:
             with open(args.report, "w") as report:
                 json.dump({"losses": losses, "eager_compiled_difference": difference, "world_size": world}, report)
-    if args.ddp:
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
