@@ -782,8 +782,8 @@ def test_gather_nd_fuses_at_every_vector_width(simdlen):
     # where the tests' machine may have AVX-512's 16: other vector loops and
     # tails around the fused gather's clamped, zeroed and checked rows.
     with inductor_config.patch({"cpp.simdlen": simdlen}):
-        width = cpu_vec_isa.pick_vec_isa()
-        if simdlen and (not width or width.bit_width() != simdlen):
+        isa = cpu_vec_isa.pick_vec_isa()
+        if simdlen and (not isa or isa.bit_width() != simdlen):
             pytest.skip(f"this CPU has no {simdlen}-bit vectors")
         torch._dynamo.reset()
         compiled = torch.compile(gathers, fullgraph=True)
