@@ -811,6 +811,32 @@ def test_gather_nd_check_adds_no_pass_to_a_reduction_over_its_rows(device):
     torch.testing.assert_close(result, (x[indices[:, 0]] * 2 + 1).sum())
 
 
+# A load of int64 index entries as a vector, in Inductor's C++.
+INDEX_VECTOR_LOAD = re.compile(r"VectorizedN?<int64_t(, *\d+)?>::loadu\(")
+
+
+@pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="Inductor's C++ decides vectorisation")
+@pytest.mark.parametrize("shape, depth", [((50, 8), 1), ((6, 5, 8), 2)], ids=["K1", "K2"])
+def test_gather_nd_of_slices_checks_its_rows_in_a_scalar_pass(shape, depth):
+    # The check of slices is a pass of its own over the index rows; its rows
+    # tested as unsigned integers, it never loads them as int64 vectors (on
+    # AVX2 a copy through a stack buffer that stalls), while the gather's
+    # loop still loads the slices as vectors. (Where the CPU has vectors.)
+    params = torch.randn(*shape, generator=gen(29))
+    indices = torch.randint(0, min(shape[:depth]), (300, depth), generator=gen(30))
+    compiled = torch.compile(lambda p, i: (torch_masked.gather_nd(p, i) * 2 + 1).sum(), fullgraph=True)
+    result, code = run_and_get_code(compiled, params, indices)
+    code = "\n".join(code)
+    torch.testing.assert_close(result, (native_gather(params, indices) * 2 + 1).sum())
+    assert len(KERNEL.findall(code)) == 2 and len(GUARDED_CHECK_CALL.findall(code)) == 1
+    assert not INDEX_VECTOR_LOAD.search(code)
+    assert bool(VECTOR_LOAD.search(code)) == bool(cpu_vec_isa.pick_vec_isa())
+    bad = indices.clone()
+    bad[123, depth - 1] = -1
+    with pytest.raises(IndexError, match=rf"got \[[-\d, ]*-1\] at indices\[123\]"):
+        compiled(params, bad)
+
+
 # A load of params' values as a vector, in Inductor's C++ (contiguous, or
 # gathered lane by lane into a buffer first).
 VECTOR_LOAD = re.compile(r"Vectorized<float>::loadu\(")
@@ -889,9 +915,8 @@ class _IntegerOps:
 
 def test_index_row_tests_on_every_kind_of_entry():
     # Each entry against each size, sizes of 1 included (a row of zeros
-    # into them is in bounds, its sign 0), at int64's ends: the row tests
-    # agree with 0 <= v < size, a row out of bounds has a negative sign, and
-    # the positions a row reads lie within params.
+    # into them is in bounds), at int64's ends: the row tests agree with
+    # 0 <= v < size, and the positions a row reads lie within params.
     from torch._inductor.virtualized import V
 
     from torch_masked import compile as fused
@@ -913,8 +938,6 @@ def test_index_row_tests_on_every_kind_of_entry():
                 in_bounds = all(0 <= v < size for v, size in row_entries)
                 assert value(fused._in_bounds(row_entries)) == in_bounds, row
                 assert value(fused._in_bounds_unsigned(row_entries)) == in_bounds, row
-                assert (value(fused._row_sign(row_entries)) < 0) == (not in_bounds), row
-                assert (value(fused._row_sign_unsigned(row_entries)) < 0) == (not in_bounds), row
                 selected = [value(p) for p in fused._positions(row_entries, in_bounds)]
                 clamped = [value(p) for p in fused._clamped_positions(row_entries)]
                 assert selected == (list(row) if in_bounds else [0] * len(row)), row

@@ -222,22 +222,16 @@ def _index_entries(load_index, row, sizes):
             for column, size in enumerate(sizes)]
 
 
-def _row_sign(row_entries):
-    """Negative iff the row is out of bounds: the OR over its entries v of
-    v | (size - 1 - v), one of which is negative iff v is outside [0, size).
+def _in_bounds(row_entries):
+    """Whether the row is in bounds: the OR over its entries v of
+    v | (size - 1 - v) is negative iff some v is outside [0, size).
     Integer arithmetic only, which Inductor's vectorised C++ keeps in
     registers, where a chain of comparisons would convert masks between
     widths."""
     from torch._inductor.virtualized import ops
 
     signs = [ops.bitwise_or(v, ops.sub(ops.index_expr(size - 1, torch.int64), v)) for v, size in row_entries]
-    return functools.reduce(ops.bitwise_or, signs)
-
-
-def _in_bounds(row_entries):
-    from torch._inductor.virtualized import ops
-
-    return ops.ge(_row_sign(row_entries), ops.constant(0, torch.int64))
+    return ops.ge(functools.reduce(ops.bitwise_or, signs), ops.constant(0, torch.int64))
 
 
 def _in_bounds_unsigned(row_entries):
@@ -250,14 +244,6 @@ def _in_bounds_unsigned(row_entries):
     tests = [ops.lt(ops.to_dtype(v, torch.uint64), ops.to_dtype(ops.index_expr(size, torch.int64), torch.uint64))
              for v, size in row_entries]
     return functools.reduce(ops.and_, tests)
-
-
-def _row_sign_unsigned(row_entries):
-    """_row_sign by _in_bounds_unsigned's test, so that a loop that both
-    gathers and checks makes that test once."""
-    from torch._inductor.virtualized import ops
-
-    return ops.where(_in_bounds_unsigned(row_entries), ops.constant(0, torch.int64), ops.constant(-1, torch.int64))
 
 
 def _keeps_loop_scalar(indices, rows, sizes, rest):
@@ -286,6 +272,22 @@ def _keeps_loop_scalar(indices, rows, sizes, rest):
         return False
     strides = indices.maybe_get_stride()
     return strides is not None and strides[-2] != 1
+
+
+def _checks_in_a_scalar_pass(indices, rest):
+    """Whether the bounds check of a gather of slices (`rest`, the slice's
+    dimensions, not empty) on Inductor's C++ should test each row as an
+    unsigned integer, which keeps its loop scalar. The check reduces over
+    the rows, the slices' reader over their elements, so it is a pass of
+    its own over the index rows. Vectorised, that pass loads the int64
+    entries by at::vec's partial load, which on AVX2 copies them through a
+    stack buffer, and each load then waits on the two halves the compiler
+    stored there: at 1e7 (slices of 8, n/80 rows) the vector pass cost
+    150-180 us of a 0.6 ms chain on an AMD EPYC with AVX2, the scalar one
+    about 55, as fast as the index rows stream in (benchmarks/METHODS.md)."""
+    from torch._inductor import config
+
+    return bool(rest) and indices.get_device().type == "cpu" and config.cpu_backend == "cpp"
 
 
 # From this many bytes of params on, our CPU kernel gathers the slices it
@@ -386,9 +388,10 @@ def _gather_nd_lowering(lowering):
     wrap of negative indices and its bounds assert (which would raise a
     RuntimeError naming neither the op nor the row), and its loop does less
     than native ``x[idx]``'s. With check_bounds, whether a row is out of
-    bounds is a reduction over the same rows (the least of their row_signs),
-    which Inductor computes in the same loop where the reader reduces over
-    them too (a sum over the gathered rows), else in a pass of its own; then
+    bounds is a reduction over the same rows (the greatest of 1 for a row
+    out of bounds, 0 for one within), which Inductor computes in the same
+    loop where the reader reduces over them too (a sum over the gathered
+    rows), else in a pass of its own; then
     masked::check_gather_nd_indices raises gather_nd's IndexError if so
     (once that loop has run, as Inductor's own asserts raise from inside
     theirs; Inductor's Python wrapper calls it only then:
@@ -420,9 +423,9 @@ def _gather_nd_lowering(lowering):
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
 
-        # The row test, and the row sign the check reduces, made alike.
-        in_bounds_of, row_sign = ((_in_bounds_unsigned, _row_sign_unsigned)
-                                  if _keeps_loop_scalar(indices, rows, sizes, rest) else (_in_bounds, _row_sign))
+        # The gather's row test, and the check's.
+        in_bounds_of = _in_bounds_unsigned if _keeps_loop_scalar(indices, rows, sizes, rest) else _in_bounds
+        checked_in_bounds = _in_bounds_unsigned if _checks_in_a_scalar_pass(indices, rest) else in_bounds_of
 
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
@@ -442,21 +445,25 @@ def _gather_nd_lowering(lowering):
             return ops.where(in_bounds, value, ops.constant(0, dtype))
 
         if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
-            lowest = ir.Reduction.create(
+            # 1 for a row out of bounds, its greatest over the rows: in a
+            # vector loop one int32 lane per row, in a scalar one an integer
+            # select (benchmarks/METHODS.md).
+            greatest = ir.Reduction.create(
                 device=indices.get_device(),
-                dst_dtype=torch.int64,
-                src_dtype=torch.int64,
-                inner_fn=lambda _, row: row_sign(_index_entries(load_index, row, sizes)),
+                dst_dtype=torch.int32,
+                src_dtype=torch.int32,
+                inner_fn=lambda _, row: ops.where(checked_in_bounds(_index_entries(load_index, row, sizes)),
+                                                  ops.constant(0, torch.int32), ops.constant(1, torch.int32)),
                 ranges=[],
                 reduction_ranges=rows,
-                reduction_type="min",
+                reduction_type="max",
             )
-            lowest.realize()  # a reduction is read through its buffer
-            load_lowest = lowest.make_loader()
+            greatest.realize()  # a reduction is read through its buffer
+            load_greatest = greatest.make_loader()
             out_of_bounds = ir.Pointwise.create(
                 device=indices.get_device(),
                 dtype=torch.bool,
-                inner_fn=lambda scalar: ops.lt(load_lowest(scalar), ops.constant(0, torch.int64)),
+                inner_fn=lambda scalar: ops.gt(load_greatest(scalar), ops.constant(0, torch.int32)),
                 ranges=[],
             )
             raise_if_out_of_bounds(indices, params_shape, out_of_bounds)
