@@ -246,6 +246,14 @@ def _in_bounds_unsigned(row_entries):
     return functools.reduce(ops.and_, tests)
 
 
+def _generates_cpp(node):
+    """Whether Inductor generates C++ for node: a CPU tensor, under its C++
+    backend (not Triton's)."""
+    from torch._inductor import config
+
+    return node.get_device().type == "cpu" and config.cpu_backend == "cpp"
+
+
 def _keeps_loop_scalar(indices, rows, sizes, rest):
     """Whether the gather's loop on Inductor's C++ should stay scalar, as
     native ``x[i, j]``'s does: a gather of single elements (no slice
@@ -266,9 +274,7 @@ def _keeps_loop_scalar(indices, rows, sizes, rest):
     choice, 1.6-1.8x native's in that chain: there Inductor vectorises
     native's from two operations after the gather, where a scalar loop
     would lose more. So do indices whose layout Inductor has not fixed."""
-    from torch._inductor import config
-
-    if rest or not rows or len(sizes) < 2 or indices.get_device().type != "cpu" or config.cpu_backend != "cpp":
+    if rest or not rows or len(sizes) < 2 or not _generates_cpp(indices):
         return False
     strides = indices.maybe_get_stride()
     return strides is not None and strides[-2] != 1
@@ -285,9 +291,7 @@ def _checks_in_a_scalar_pass(indices, rest):
     stored there: at 1e7 (slices of 8, n/80 rows) the vector pass cost
     150-180 us of a 0.6 ms chain on an AMD EPYC with AVX2, the scalar one
     about 55, as fast as the index rows stream in (benchmarks/METHODS.md)."""
-    from torch._inductor import config
-
-    return bool(rest) and indices.get_device().type == "cpu" and config.cpu_backend == "cpp"
+    return bool(rest) and _generates_cpp(indices)
 
 
 # From this many bytes of params on, our CPU kernel gathers the slices it
@@ -305,11 +309,10 @@ def _gathers_faster_in_passes(params, depth):
     and params holds GATHER_IN_PASSES_CPU_BYTES or more, all known when the
     graph compiles. Inductor's C++ loop reads from every column of params
     for each row, which from about 16 MiB on costs it more than the passes."""
-    from torch._inductor import config
     from torch._inductor.virtualized import V
 
     strides = params.maybe_get_stride()
-    if params.get_device().type != "cpu" or config.cpu_backend != "cpp" or strides is None:
+    if not _generates_cpp(params) or strides is None:
         return False
     sizevars = V.graph.sizevars
     itemsize = params.get_dtype().itemsize
