@@ -817,17 +817,19 @@ INDEX_VECTOR_LOAD = re.compile(r"VectorizedN?<int64_t(, *\d+)?>::loadu\(")
 
 @pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="Inductor's C++ decides vectorisation")
 @pytest.mark.parametrize("shape, depth", [((50, 8), 1), ((6, 5, 8), 2)], ids=["K1", "K2"])
-def test_gather_nd_of_slices_checks_its_rows_in_a_scalar_pass(shape, depth):
-    # The check of slices is a pass of its own over the index rows; its rows
-    # tested as unsigned integers, it never loads them as int64 vectors (on
-    # AVX2 a copy through a stack buffer that stalls), while the gather's
-    # loop still loads the slices as vectors. (Where the CPU has vectors.)
+@pytest.mark.parametrize("reader", [lambda g: g * 2 + 1, lambda g: (g * 2 + 1).sum(-1)], ids=["pointwise", "row-sums"])
+def test_gather_nd_of_slices_checks_its_rows_in_a_scalar_pass(shape, depth, reader):
+    # Read other than by a reduction over all its elements, the check of
+    # slices is a pass of its own over the index rows; its rows tested as
+    # unsigned integers, it never loads them as int64 vectors (on AVX2 a
+    # copy through a stack buffer that stalls), while the gather's loop
+    # still loads the slices as vectors. (Where the CPU has vectors.)
     params = torch.randn(*shape, generator=gen(29))
     indices = torch.randint(0, min(shape[:depth]), (300, depth), generator=gen(30))
-    compiled = torch.compile(lambda p, i: (torch_masked.gather_nd(p, i) * 2 + 1).sum(), fullgraph=True)
+    compiled = torch.compile(lambda p, i: reader(torch_masked.gather_nd(p, i)), fullgraph=True)
     result, code = run_and_get_code(compiled, params, indices)
     code = "\n".join(code)
-    torch.testing.assert_close(result, (native_gather(params, indices) * 2 + 1).sum())
+    torch.testing.assert_close(result, reader(native_gather(params, indices)))
     assert len(KERNEL.findall(code)) == 2 and len(GUARDED_CHECK_CALL.findall(code)) == 1
     assert not INDEX_VECTOR_LOAD.search(code)
     assert bool(VECTOR_LOAD.search(code)) == bool(cpu_vec_isa.pick_vec_isa())
@@ -835,6 +837,44 @@ def test_gather_nd_of_slices_checks_its_rows_in_a_scalar_pass(shape, depth):
     bad[123, depth - 1] = -1
     with pytest.raises(IndexError, match=rf"got \[[-\d, ]*-1\] at indices\[123\]"):
         compiled(params, bad)
+
+
+@pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="where Inductor generates C++")
+@pytest.mark.parametrize("shape, index_rows, reduced, kernels, bad_row", [
+    ((50, 8), (300, 1), lambda g: (g * 2 + 1).sum(), 1, "123"),
+    ((50, 8), (300, 1), lambda g: g.exp().sum([0, -1]), 1, "123"),
+    # mean's division, after the check's call, is a kernel of its own.
+    ((50, 8), (300, 1), lambda g: (g - 1).abs().mean(), 2, "123"),
+    ((6, 5, 8), (4, 75, 2), lambda g: (g * 2).amax(), 1, "1, 48"),
+], ids=["sum", "sum-over-every-dim", "mean", "amax-of-a-batch-of-index-rows"])
+def test_gather_nd_of_slices_checks_in_a_reduction_of_all_its_elements(shape, index_rows, reduced, kernels, bad_row):
+    # Read by a reduction over all its elements, the check of slices rides
+    # in that reduction's loop, as native x[idx]'s assert does: no pass of
+    # its own, and the check's call only if that loop found a row out of
+    # bounds.
+    params = torch.randn(*shape, generator=gen(31))
+    depth = index_rows[-1]
+    indices = torch.randint(0, min(shape[:depth]), index_rows, generator=gen(32))
+    compiled = torch.compile(lambda p, i: reduced(torch_masked.gather_nd(p, i)), fullgraph=True)
+    result, code = run_and_get_code(compiled, params, indices)
+    code = "\n".join(code)
+    torch.testing.assert_close(result, reduced(native_gather(params, indices)))
+    assert len(KERNEL.findall(code)) == kernels and len(GUARDED_CHECK_CALL.findall(code)) == 1
+    bad = indices.clone()
+    bad.view(-1, depth)[123, 0] = shape[0]
+    with pytest.raises(IndexError, match=rf"got \[{shape[0]}[\d, ]*\] at indices\[{bad_row}\]"):
+        compiled(params, bad)
+
+
+def test_gather_nd_of_empty_slices_checks_its_rows_when_summed():
+    # Slices of no elements: a check over the gathered elements would see
+    # no row, so it stays over the rows, and a row out of bounds raises.
+    params, indices = torch.randn(50, 0), torch.randint(0, 50, (30, 1), generator=gen(33))
+    compiled = torch.compile(lambda p, i: (torch_masked.gather_nd(p, i) * 2).sum(), fullgraph=True)
+    exact(compiled(params, indices), (native_gather(params, indices) * 2).sum())
+    indices[7, 0] = 50
+    with pytest.raises(IndexError, match=r"got \[50\] at indices\[7\]"):
+        compiled(params, indices)
 
 
 # A load of params' values as a vector, in Inductor's C++ (contiguous, or

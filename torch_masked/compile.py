@@ -205,12 +205,17 @@ def _first_element_stands_in(indices, shape):
     `backed_size_oblivious` make it) has none. The range is read as it is:
     Inductor's statically_known_gt takes a backed size for positive even
     where its range starts at 0."""
+    depth = indices.get_size()[-1]
+    return (isinstance(depth, (int, sympy.Integer)) and 0 < int(depth) <= len(shape)
+            and all(map(_at_least_one, shape[: int(depth)])))
+
+
+def _at_least_one(size):
+    """Whether the size's range (see _first_element_stands_in) starts at 1
+    or above."""
     from torch._inductor.virtualized import V
 
-    depth = indices.get_size()[-1]
-    size_range = V.graph.sizevars.shape_env.bound_sympy
-    return (isinstance(depth, (int, sympy.Integer)) and 0 < int(depth) <= len(shape)
-            and all(size_range(sympy.sympify(size)).lower >= 1 for size in shape[: int(depth)]))
+    return V.graph.sizevars.shape_env.bound_sympy(sympy.sympify(size)).lower >= 1
 
 
 def _index_entries(load_index, row, sizes):
@@ -280,12 +285,63 @@ def _keeps_loop_scalar(indices, rows, sizes, rest):
     return strides is not None and strides[-2] != 1
 
 
+# ATen's reductions that, over every element of what they read (no dims,
+# or all of them), share a loop with a reduction of the same elements.
+_WHOLE_REDUCTIONS = frozenset(f"aten::{name}" for name in ("sum", "mean", "amax", "amin", "prod"))
+
+
+def _shape_of(node):
+    value = node.meta.get("val")
+    return value.shape if isinstance(value, torch.Tensor) else None
+
+
+def _reduced_whole(node):
+    """Whether gather_nd's FX node `node` is read only by a reduction over
+    all of its elements, through elementwise ops that keep its shape and
+    are each read once: (gather_nd(x, idx) * 2 + 1).sum(), or a loss's
+    mean."""
+    shape = _shape_of(node)
+    while shape is not None and len(node.users) == 1:
+        (node,) = node.users
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            return False
+        if node.target._schema.name in _WHOLE_REDUCTIONS:
+            dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            dims = [dims] if isinstance(dims, int) else dims
+            return not dims or sorted(d % len(shape) for d in dims) == list(range(len(shape)))
+        if torch.Tag.pointwise not in node.target.tags or _shape_of(node) != shape:
+            return False
+    return False
+
+
+def _checks_in_the_readers_loop(indices, rest):
+    """Whether the bounds check of a gather of slices (`rest`, the slice's
+    dimensions, not empty) on Inductor's C++ should reduce over every
+    gathered element rather than over the rows: where the gather is read
+    by a reduction over all its elements (_reduced_whole), Inductor then
+    computes the check in that reduction's loop, with the row test the
+    gather makes anyway, and the graph has no pass of its own for it; at
+    1e6 (slices of 8, n/80 rows) 0.91 of native's chain where the pass made
+    it 1.04 on an AVX-512 CPU, 0.86 for 0.99 in AVX2 code
+    (benchmarks/METHODS.md). Inductor fuses no reduction with an
+    elementwise node that comes after it, so for any other reader the check
+    is a pass of its own, which over every element would cost that reader
+    up to 1.4x in AVX2 code: there it stays a pass over the rows
+    (_checks_in_a_scalar_pass). So does a slice that may have no elements,
+    over which the check would find no row out of bounds."""
+    from torch._inductor.virtualized import V
+
+    node = V.graph.current_node
+    return (bool(rest) and all(map(_at_least_one, rest)) and _generates_cpp(indices) and node is not None
+            and node.target is torch.ops.masked.gather_nd.default and _reduced_whole(node))
+
+
 def _checks_in_a_scalar_pass(indices, rest):
     """Whether the bounds check of a gather of slices (`rest`, the slice's
-    dimensions, not empty) on Inductor's C++ should test each row as an
-    unsigned integer, which keeps its loop scalar. The check reduces over
-    the rows, the slices' reader over their elements, so it is a pass of
-    its own over the index rows. Vectorised, that pass loads the int64
+    dimensions, not empty) on Inductor's C++, where it is a pass of its own
+    over the index rows (the check reduces over the rows, the slices'
+    reader over their elements), should test each row as an unsigned
+    integer, which keeps that pass scalar. Vectorised, that pass loads the int64
     entries by at::vec's partial load, which on AVX2 copies them through a
     stack buffer, and each load then waits on the two halves the compiler
     stored there: at 1e7 (slices of 8, n/80 rows) the vector pass cost
@@ -394,7 +450,8 @@ def _gather_nd_lowering(lowering):
     bounds is a reduction over the same rows (the greatest of 1 for a row
     out of bounds, 0 for one within), which Inductor computes in the same
     loop where the reader reduces over them too (a sum over the gathered
-    rows), else in a pass of its own; then
+    rows; for slices on the CPU, over every gathered element:
+    _checks_in_the_readers_loop), else in a pass of its own; then
     masked::check_gather_nd_indices raises gather_nd's IndexError if so
     (once that loop has run, as Inductor's own asserts raise from inside
     theirs; Inductor's Python wrapper calls it only then:
@@ -426,9 +483,14 @@ def _gather_nd_lowering(lowering):
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
 
-        # The gather's row test, and the check's.
+        # The gather's row test, and the check's, with what the check reduces
+        # over.
         in_bounds_of = _in_bounds_unsigned if _keeps_loop_scalar(indices, rows, sizes, rest) else _in_bounds
-        checked_in_bounds = _in_bounds_unsigned if _checks_in_a_scalar_pass(indices, rest) else in_bounds_of
+        checked_in_bounds, checked = in_bounds_of, rows
+        if _checks_in_the_readers_loop(indices, rest):
+            checked = [*rows, *rest]
+        elif _checks_in_a_scalar_pass(indices, rest):
+            checked_in_bounds = _in_bounds_unsigned
 
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
@@ -455,10 +517,11 @@ def _gather_nd_lowering(lowering):
                 device=indices.get_device(),
                 dst_dtype=torch.int32,
                 src_dtype=torch.int32,
-                inner_fn=lambda _, row: ops.where(checked_in_bounds(_index_entries(load_index, row, sizes)),
-                                                  ops.constant(0, torch.int32), ops.constant(1, torch.int32)),
+                inner_fn=lambda _, position: ops.where(
+                    checked_in_bounds(_index_entries(load_index, position[: len(rows)], sizes)),
+                    ops.constant(0, torch.int32), ops.constant(1, torch.int32)),
                 ranges=[],
-                reduction_ranges=rows,
+                reduction_ranges=checked,
                 reduction_type="max",
             )
             greatest.realize()  # a reduction is read through its buffer
