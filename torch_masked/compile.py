@@ -490,12 +490,12 @@ def _gather_nd_lowering(lowering):
         load_index, load_params = indices.make_loader(), params.make_loader()
         dtype = params.get_dtype()
 
-        # The gather's row test, and the check's, with what the check reduces
-        # over.
+        # The gather's row test, and the check's, with the ranges the check
+        # reduces over (the rows, or every gathered element).
         in_bounds_of = _in_bounds_unsigned if _keeps_loop_scalar(indices, rows, sizes, rest) else _in_bounds
-        checked_in_bounds, checked = in_bounds_of, rows
+        checked_in_bounds, check_ranges = in_bounds_of, rows
         if _checks_in_the_readers_loop(indices, rest):
-            checked = [*rows, *rest]
+            check_ranges = [*rows, *rest]
         elif _checks_in_a_scalar_pass(indices, rest):
             checked_in_bounds = _in_bounds_unsigned
 
@@ -528,7 +528,7 @@ def _gather_nd_lowering(lowering):
                     checked_in_bounds(_index_entries(load_index, position[: len(rows)], sizes)),
                     ops.constant(0, torch.int32), ops.constant(1, torch.int32)),
                 ranges=[],
-                reduction_ranges=checked,
+                reduction_ranges=check_ranges,
                 reduction_type="max",
             )
             greatest.realize()  # a reduction is read through its buffer
