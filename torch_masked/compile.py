@@ -227,16 +227,22 @@ def _index_entries(load_index, row, sizes):
             for column, size in enumerate(sizes)]
 
 
-def _in_bounds(row_entries):
-    """Whether the row is in bounds: the OR over its entries v of
-    v | (size - 1 - v) is negative iff some v is outside [0, size).
-    Integer arithmetic only, which Inductor's vectorised C++ keeps in
-    registers, where a chain of comparisons would convert masks between
-    widths."""
+def _row_sign(row_entries):
+    """The OR over the row's entries v of v | (size - 1 - v): negative iff
+    some v is outside [0, size). Integer arithmetic only, which Inductor's
+    vectorised C++ keeps in registers, where a chain of comparisons would
+    convert masks between widths."""
     from torch._inductor.virtualized import ops
 
     signs = [ops.bitwise_or(v, ops.sub(ops.index_expr(size - 1, torch.int64), v)) for v, size in row_entries]
-    return ops.ge(functools.reduce(ops.bitwise_or, signs), ops.constant(0, torch.int64))
+    return functools.reduce(ops.bitwise_or, signs)
+
+
+def _in_bounds(row_entries):
+    """Whether the row is in bounds, by its sign (_row_sign)."""
+    from torch._inductor.virtualized import ops
+
+    return ops.ge(_row_sign(row_entries), ops.constant(0, torch.int64))
 
 
 def _in_bounds_unsigned(row_entries):
@@ -399,21 +405,25 @@ def _positions(row_entries, in_bounds):
             for entry, size in row_entries]
 
 
-def _clamped_positions(row_entries):
-    """The row's entries as Inductor's indices, each clamped into [0, size):
-    a row out of bounds reads a row within bounds, found without a select.
-    For slices: Inductor's C++ (torch 2.14) vectorises the tail of a loop
-    (a slice narrower than a vector, or the last elements of a wider one)
-    only where selects are not too large a share of its operations, and
-    the selects of _positions made the gather of slices of 8 float32 a
-    scalar loop, 1.9-2.1x native's chain; clamped, 0.85-1.01 at 1e6
+def _masked_positions(row_entries):
+    """The row's entries as Inductor's indices, those of the first row (0,
+    ..., 0) where the row is out of bounds, as _positions, but with integer
+    operations in place of the selects: each entry ANDed with the NOT of
+    the row's sign (_row_sign) shifted right 63 bits, all ones for a row in
+    bounds, zeros for one out of bounds (Inductor computes the sign once
+    for these and the row test). For slices: Inductor's C++ (torch 2.14)
+    vectorises the tail of a loop (a slice narrower than a vector, or the
+    last elements of a wider one) only where selects are not too large a
+    share of its operations, and the selects of _positions made the gather
+    of slices of 8 float32 a scalar loop, 1.9-2.1x native's chain; with the
+    entries clamped into bounds, 0.85-1.01 at 1e6; masked so, 0.96-0.98 of
+    the clamped chain's time at 1e7, a compare and a move fewer per bound
     (benchmarks/METHODS.md). For single elements the selects stay: clamped,
     the scalar loop of index pairs was 1.1-1.5x native's."""
     from torch._inductor.virtualized import ops
 
-    zero = ops.constant(0, torch.int64)
-    return [ops.indirect_indexing(ops.minimum(ops.maximum(entry, zero), ops.index_expr(size - 1, torch.int64)), size,
-                                  check=False, wrap_neg=False)
+    keep = ops.bitwise_not(ops.bitwise_right_shift(_row_sign(row_entries), ops.constant(63, torch.int64)))
+    return [ops.indirect_indexing(ops.bitwise_and(entry, keep), size, check=False, wrap_neg=False)
             for entry, size in row_entries]
 
 
@@ -442,6 +452,37 @@ def _call_of_ours(lowering, op, rows_and_shape):
     return call_ours
 
 
+def _any_row_out_of_bounds(device, in_bounds_at, check_ranges, slices):
+    """A bool scalar in Inductor's IR: whether the row test `in_bounds_at`
+    fails anywhere over check_ranges. For elements, the greatest of an
+    int32 1 for a row out of bounds and 0 for one within: in a vector loop
+    one int32 lane per row, in a scalar one an integer select. For slices,
+    `any` of the test negated, which the gather's zeroing selects on too:
+    at 1e7 (slices of 8, n/80 rows) 1.04 of native's chain where the
+    greatest made it 1.07, though 1.2 and 1.1 of the greatest's time for
+    index pairs and elements (benchmarks/METHODS.md)."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import ops
+
+    if slices:
+        flag = ir.Reduction.create(
+            device=device, dst_dtype=torch.bool, src_dtype=torch.bool,
+            inner_fn=lambda _, position: ops.logical_not(in_bounds_at(position)),
+            ranges=[], reduction_ranges=check_ranges, reduction_type="any")
+        flag.realize()  # a reduction is read through its buffer
+        return flag
+    greatest = ir.Reduction.create(
+        device=device, dst_dtype=torch.int32, src_dtype=torch.int32,
+        inner_fn=lambda _, position: ops.where(
+            in_bounds_at(position), ops.constant(0, torch.int32), ops.constant(1, torch.int32)),
+        ranges=[], reduction_ranges=check_ranges, reduction_type="max")
+    greatest.realize()
+    load_greatest = greatest.make_loader()
+    return ir.Pointwise.create(
+        device=device, dtype=torch.bool,
+        inner_fn=lambda scalar: ops.gt(load_greatest(scalar), ops.constant(0, torch.int32)), ranges=[])
+
+
 def _gather_nd_lowering(lowering):
     """masked::gather_nd as Inductor's own loop, and the op's call where it
     declines.
@@ -449,16 +490,16 @@ def _gather_nd_lowering(lowering):
     The gather is a pointwise node that reads each index row and loads its
     row of params; Inductor fuses it into the loop of what reads its result,
     and what computes params into it (only the rows read). A row out of
-    bounds loads a row within bounds (params' first, or for slices its
-    entries clamped), so its loads skip Inductor's own
-    wrap of negative indices and its bounds assert (which would raise a
+    bounds loads params' first row instead, so its loads skip Inductor's
+    own wrap of negative indices and its bounds assert (which would raise a
     RuntimeError naming neither the op nor the row), and its loop does less
     than native ``x[idx]``'s. With check_bounds, whether a row is out of
-    bounds is a reduction over the same rows (the greatest of 1 for a row
-    out of bounds, 0 for one within), which Inductor computes in the same
-    loop where the reader reduces over them too (a sum over the gathered
-    rows; for slices on the CPU, over every gathered element:
-    _checks_in_the_readers_loop), else in a pass of its own; then
+    bounds is a reduction over the same rows (for elements the greatest of
+    1 for a row out of bounds, 0 for one within; for slices whether any
+    row is), which Inductor computes in the same loop where the reader
+    reduces over them too (a sum over the gathered rows; for slices on the
+    CPU, over every gathered element: _checks_in_the_readers_loop), else in
+    a pass of its own; then
     masked::check_gather_nd_indices raises gather_nd's IndexError if so
     (once that loop has run, as Inductor's own asserts raise from inside
     theirs; Inductor's Python wrapper calls it only then:
@@ -502,44 +543,28 @@ def _gather_nd_lowering(lowering):
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
             row_entries = _index_entries(load_index, row, sizes)
-            # A row out of bounds reads a row within bounds instead (there
-            # is one: see the declines above): for elements params' first,
-            # by one select per entry on whether the row is in bounds, which
-            # the zeroing of the value computes anyway; for slices, its
-            # entries clamped.
+            # A row out of bounds reads params' first row instead (there is
+            # one: see the declines above), by one select per entry on
+            # whether the row is in bounds for elements, by integer masks
+            # for slices (_masked_positions).
             in_bounds = in_bounds_of(row_entries)
-            positions = _clamped_positions(row_entries) if rest else _positions(row_entries, in_bounds)
+            positions = _masked_positions(row_entries) if rest else _positions(row_entries, in_bounds)
             value = load_params([*positions, *within])
             # Zeroed with check_bounds too, where the IndexError follows: in
             # Inductor's vectorised C++ the select makes the reload of the
             # gathered lanes a masked load, and the loop 2.3x faster on an
-            # AVX-512 CPU (benchmarks/METHODS.md).
+            # AVX-512 CPU. Slices select on the row's test negated, the
+            # value their check reduces, which Inductor then computes once
+            # where the check shares their loop (benchmarks/METHODS.md).
+            if rest:
+                return ops.where(ops.logical_not(in_bounds), ops.constant(0, dtype), value)
             return ops.where(in_bounds, value, ops.constant(0, dtype))
 
         if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
-            # 1 for a row out of bounds, its greatest over the rows: in a
-            # vector loop one int32 lane per row, in a scalar one an integer
-            # select (benchmarks/METHODS.md).
-            greatest = ir.Reduction.create(
-                device=indices.get_device(),
-                dst_dtype=torch.int32,
-                src_dtype=torch.int32,
-                inner_fn=lambda _, position: ops.where(
-                    checked_in_bounds(_index_entries(load_index, position[: len(rows)], sizes)),
-                    ops.constant(0, torch.int32), ops.constant(1, torch.int32)),
-                ranges=[],
-                reduction_ranges=check_ranges,
-                reduction_type="max",
-            )
-            greatest.realize()  # a reduction is read through its buffer
-            load_greatest = greatest.make_loader()
-            out_of_bounds = ir.Pointwise.create(
-                device=indices.get_device(),
-                dtype=torch.bool,
-                inner_fn=lambda scalar: ops.gt(load_greatest(scalar), ops.constant(0, torch.int32)),
-                ranges=[],
-            )
-            raise_if_out_of_bounds(indices, params_shape, out_of_bounds)
+            raise_if_out_of_bounds(indices, params_shape, _any_row_out_of_bounds(
+                indices.get_device(),
+                lambda position: checked_in_bounds(_index_entries(load_index, position[: len(rows)], sizes)),
+                check_ranges, bool(rest)))
         return ir.Pointwise.create(
             device=params.get_device(), dtype=dtype, inner_fn=gathered, ranges=[*rows, *rest]
         )
