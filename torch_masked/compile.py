@@ -396,8 +396,10 @@ def _gathers_faster_in_passes(params, depth):
 
 def _positions(row_entries, in_bounds):
     """The row's entries as Inductor's indices, those of the first row (0,
-    ..., 0) where the row is out of bounds: never wrapped nor asserted by
-    Inductor, whose rules for a bad index are not ours."""
+    ..., 0) where the row is out of bounds, by a select per entry: never
+    wrapped nor asserted by Inductor, whose rules for a bad index are not
+    ours. For the scalar loop of the unsigned test; elsewhere
+    _masked_positions."""
     from torch._inductor.virtualized import ops
 
     zero = ops.constant(0, torch.int64)
@@ -418,8 +420,11 @@ def _masked_positions(row_entries):
     of slices of 8 float32 a scalar loop, 1.9-2.1x native's chain; with the
     entries clamped into bounds, 0.85-1.01 at 1e6; masked so, 0.96-0.98 of
     the clamped chain's time at 1e7, a compare and a move fewer per bound
-    (benchmarks/METHODS.md). For single elements the selects stay: clamped,
-    the scalar loop of index pairs was 1.1-1.5x native's."""
+    (benchmarks/METHODS.md). For single elements in a vector loop, 0.56 of
+    native's chain where the selects made it 0.60 (1e6, AVX-512 code; as
+    fast in AVX2 code). The scalar loop of the unsigned test
+    (_keeps_loop_scalar) keeps the selects: clamped, its index pairs were
+    1.1-1.5x native's."""
     from torch._inductor.virtualized import ops
 
     keep = ops.bitwise_not(ops.bitwise_right_shift(_row_sign(row_entries), ops.constant(63, torch.int64)))
@@ -452,17 +457,24 @@ def _call_of_ours(lowering, op, rows_and_shape):
     return call_ours
 
 
-def _any_row_out_of_bounds(device, in_bounds_at, check_ranges, slices):
-    """A bool scalar in Inductor's IR: whether the row test `in_bounds_at`
-    fails anywhere over check_ranges. For elements, the greatest of an
-    int32 1 for a row out of bounds and 0 for one within: in a vector loop
-    one int32 lane per row, in a scalar one an integer select. For slices,
-    `any` of the test negated, which the gather's zeroing selects on too:
-    at 1e7 (slices of 8, n/80 rows) 1.04 of native's chain where the
-    greatest made it 1.07, though 1.2 and 1.1 of the greatest's time for
-    index pairs and elements (benchmarks/METHODS.md)."""
+def _any_row_out_of_bounds(device, row_entries_at, in_bounds_of, check_ranges, slices):
+    """A bool scalar in Inductor's IR: whether a row is out of bounds
+    anywhere over check_ranges, by the row test `in_bounds_of` of the
+    entries `row_entries_at(position)`. For elements, the greatest of an
+    int32 1 for a row out of bounds and 0 for one within, one int32 lane
+    per row in a vector loop: with the test of signs (_in_bounds) the
+    row's sign shifted right 63 bits and ANDed with 1, integer operations
+    that at 1e6 made the chain 0.59 of native's where a select on the test
+    made it 1.01 (AVX-512 code; 1.02 for 0.98 in AVX2 code, 1.03 for 1.09
+    at 1e7); with the unsigned test, which keeps the loop scalar, an
+    integer select. For slices, `any` of the test negated: in a pass of
+    its own 0.96-0.98 of the greatest's time, in the reader's loop as fast,
+    where for elements it was 1.1-1.2 of it (benchmarks/METHODS.md)."""
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
+
+    def in_bounds_at(position):
+        return in_bounds_of(row_entries_at(position))
 
     if slices:
         flag = ir.Reduction.create(
@@ -471,10 +483,16 @@ def _any_row_out_of_bounds(device, in_bounds_at, check_ranges, slices):
             ranges=[], reduction_ranges=check_ranges, reduction_type="any")
         flag.realize()  # a reduction is read through its buffer
         return flag
+
+    def one_if_out_of_bounds(position):
+        if in_bounds_of is _in_bounds:
+            sign_bit = ops.bitwise_right_shift(_row_sign(row_entries_at(position)), ops.constant(63, torch.int64))
+            return ops.to_dtype(ops.bitwise_and(sign_bit, ops.constant(1, torch.int64)), torch.int32)
+        return ops.where(in_bounds_at(position), ops.constant(0, torch.int32), ops.constant(1, torch.int32))
+
     greatest = ir.Reduction.create(
         device=device, dst_dtype=torch.int32, src_dtype=torch.int32,
-        inner_fn=lambda _, position: ops.where(
-            in_bounds_at(position), ops.constant(0, torch.int32), ops.constant(1, torch.int32)),
+        inner_fn=lambda _, position: one_if_out_of_bounds(position),
         ranges=[], reduction_ranges=check_ranges, reduction_type="max")
     greatest.realize()
     load_greatest = greatest.make_loader()
@@ -504,7 +522,8 @@ def _gather_nd_lowering(lowering):
     (once that loop has run, as Inductor's own asserts raise from inside
     theirs; Inductor's Python wrapper calls it only then:
     _call_check_if_out_of_bounds). Without check_bounds, rows out of bounds
-    read as zeros, as in our kernel (the loop zeroes them either way).
+    read as zeros, as in our kernel (the loop zeroes them with check_bounds
+    too, but for slices whose check shares the reader's loop).
 
     It declines (our kernel) for K = 0 or a K known only at run time, a
     dtype outside FUSED_DTYPES, and params with an indexed size that may be
@@ -535,36 +554,35 @@ def _gather_nd_lowering(lowering):
         # reduces over (the rows, or every gathered element).
         in_bounds_of = _in_bounds_unsigned if _keeps_loop_scalar(indices, rows, sizes, rest) else _in_bounds
         checked_in_bounds, check_ranges = in_bounds_of, rows
-        if _checks_in_the_readers_loop(indices, rest):
+        checks_in_the_readers_loop = _checks_in_the_readers_loop(indices, rest)
+        if checks_in_the_readers_loop:
             check_ranges = [*rows, *rest]
         elif _checks_in_a_scalar_pass(indices, rest):
             checked_in_bounds = _in_bounds_unsigned
+        # A row out of bounds is zeroed, with check_bounds too, where the
+        # IndexError follows: in Inductor's vectorised C++ the select makes
+        # the reload of gathered elements a masked load, and the loop 2.3x
+        # faster on an AVX-512 CPU; but not the slices whose check shares
+        # the reader's loop, where the select is only work
+        # (benchmarks/METHODS.md).
+        zeroes_rows_out_of_bounds = not (check_bounds and checks_in_the_readers_loop)
 
         def gathered(position):
             row, within = position[: len(rows)], position[len(rows) :]
             row_entries = _index_entries(load_index, row, sizes)
             # A row out of bounds reads params' first row instead (there is
-            # one: see the declines above), by one select per entry on
-            # whether the row is in bounds for elements, by integer masks
-            # for slices (_masked_positions).
+            # one: see the declines above), found by integer masks, or in
+            # the scalar loop of the unsigned test by a select per entry.
             in_bounds = in_bounds_of(row_entries)
-            positions = _masked_positions(row_entries) if rest else _positions(row_entries, in_bounds)
+            positions = (_positions(row_entries, in_bounds) if in_bounds_of is _in_bounds_unsigned
+                         else _masked_positions(row_entries))
             value = load_params([*positions, *within])
-            # Zeroed with check_bounds too, where the IndexError follows: in
-            # Inductor's vectorised C++ the select makes the reload of the
-            # gathered lanes a masked load, and the loop 2.3x faster on an
-            # AVX-512 CPU. Slices select on the row's test negated, the
-            # value their check reduces, which Inductor then computes once
-            # where the check shares their loop (benchmarks/METHODS.md).
-            if rest:
-                return ops.where(ops.logical_not(in_bounds), ops.constant(0, dtype), value)
-            return ops.where(in_bounds, value, ops.constant(0, dtype))
+            return ops.where(in_bounds, value, ops.constant(0, dtype)) if zeroes_rows_out_of_bounds else value
 
         if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
             raise_if_out_of_bounds(indices, params_shape, _any_row_out_of_bounds(
-                indices.get_device(),
-                lambda position: checked_in_bounds(_index_entries(load_index, position[: len(rows)], sizes)),
-                check_ranges, bool(rest)))
+                indices.get_device(), lambda position: _index_entries(load_index, position[: len(rows)], sizes),
+                checked_in_bounds, check_ranges, bool(rest)))
         return ir.Pointwise.create(
             device=params.get_device(), dtype=dtype, inner_fn=gathered, ranges=[*rows, *rest]
         )
