@@ -961,7 +961,8 @@ class _IntegerOps:
 def test_index_row_tests_on_every_kind_of_entry():
     # Each entry against each size, sizes of 1 included (a row of zeros
     # into them is in bounds), at int64's ends: the row tests agree with
-    # 0 <= v < size, and the positions a row reads lie within params.
+    # 0 <= v < size, the check's 1 marks a row out of bounds, and a row
+    # reads at its own positions, or at the first row's if out of bounds.
     from torch._inductor.virtualized import V
 
     from torch_masked import compile as fused
@@ -983,6 +984,7 @@ def test_index_row_tests_on_every_kind_of_entry():
                 in_bounds = all(0 <= v < size for v, size in row_entries)
                 assert value(fused._in_bounds(row_entries)) == in_bounds, row
                 assert value(fused._in_bounds_unsigned(row_entries)) == in_bounds, row
+                assert value(fused._one_if_out_of_bounds(row_entries)) == (not in_bounds), row
                 first_row_or_row = list(row) if in_bounds else [0] * len(row)
                 assert [value(p) for p in fused._positions(row_entries, in_bounds)] == first_row_or_row, row
                 assert [value(p) for p in fused._masked_positions(row_entries)] == first_row_or_row, row

@@ -245,6 +245,16 @@ def _in_bounds(row_entries):
     return ops.ge(_row_sign(row_entries), ops.constant(0, torch.int64))
 
 
+def _one_if_out_of_bounds(row_entries):
+    """An int32 1 for a row out of bounds and 0 for one within, by integer
+    operations: the row's sign (_row_sign) shifted right 63 bits, ANDed
+    with 1 (see _any_row_out_of_bounds)."""
+    from torch._inductor.virtualized import ops
+
+    sign_bits = ops.bitwise_right_shift(_row_sign(row_entries), ops.constant(63, torch.int64))
+    return ops.to_dtype(ops.bitwise_and(sign_bits, ops.constant(1, torch.int64)), torch.int32)
+
+
 def _in_bounds_unsigned(row_entries):
     """Whether the row is in bounds, each entry v compared with its size as
     an unsigned 64-bit integer (a negative v is then above every size).
@@ -486,8 +496,7 @@ def _any_row_out_of_bounds(device, row_entries_at, in_bounds_of, check_ranges, s
 
     def one_if_out_of_bounds(position):
         if in_bounds_of is _in_bounds:
-            sign_bit = ops.bitwise_right_shift(_row_sign(row_entries_at(position)), ops.constant(63, torch.int64))
-            return ops.to_dtype(ops.bitwise_and(sign_bit, ops.constant(1, torch.int64)), torch.int32)
+            return _one_if_out_of_bounds(row_entries_at(position))
         return ops.where(in_bounds_at(position), ops.constant(0, torch.int32), ops.constant(1, torch.int32))
 
     greatest = ir.Reduction.create(
