@@ -245,14 +245,22 @@ def _in_bounds(row_entries):
     return ops.ge(_row_sign(row_entries), ops.constant(0, torch.int64))
 
 
-def _one_if_out_of_bounds(row_entries):
-    """An int32 1 for a row out of bounds and 0 for one within, by integer
-    operations: the row's sign (_row_sign) shifted right 63 bits, ANDed
-    with 1 (see _any_row_out_of_bounds)."""
+def _sign_bits(row_entries):
+    """The row's sign (_row_sign) shifted right 63 bits, arithmetically as
+    on int64 in C++ and Triton: all ones for a row out of bounds, zeros for
+    one within. Integer operations, which the masks of _masked_positions
+    and _one_if_out_of_bounds are made of, in place of selects."""
     from torch._inductor.virtualized import ops
 
-    sign_bits = ops.bitwise_right_shift(_row_sign(row_entries), ops.constant(63, torch.int64))
-    return ops.to_dtype(ops.bitwise_and(sign_bits, ops.constant(1, torch.int64)), torch.int32)
+    return ops.bitwise_right_shift(_row_sign(row_entries), ops.constant(63, torch.int64))
+
+
+def _one_if_out_of_bounds(row_entries):
+    """An int32 1 for a row out of bounds and 0 for one within: its sign
+    bits (_sign_bits) ANDed with 1 (see _any_row_out_of_bounds)."""
+    from torch._inductor.virtualized import ops
+
+    return ops.to_dtype(ops.bitwise_and(_sign_bits(row_entries), ops.constant(1, torch.int64)), torch.int32)
 
 
 def _in_bounds_unsigned(row_entries):
@@ -421,9 +429,9 @@ def _masked_positions(row_entries):
     """The row's entries as Inductor's indices, those of the first row (0,
     ..., 0) where the row is out of bounds, as _positions, but with integer
     operations in place of the selects: each entry ANDed with the NOT of
-    the row's sign (_row_sign) shifted right 63 bits, all ones for a row in
-    bounds, zeros for one out of bounds (Inductor computes the sign once
-    for these and the row test). For slices: Inductor's C++ (torch 2.14)
+    the row's sign bits (_sign_bits), all ones for a row in bounds, zeros
+    for one out of bounds (Inductor computes the sign once for these and
+    the row test). For slices: Inductor's C++ (torch 2.14)
     vectorises the tail of a loop (a slice narrower than a vector, or the
     last elements of a wider one) only where selects are not too large a
     share of its operations, and the selects of _positions made the gather
@@ -437,7 +445,7 @@ def _masked_positions(row_entries):
     1.1-1.5x native's."""
     from torch._inductor.virtualized import ops
 
-    keep = ops.bitwise_not(ops.bitwise_right_shift(_row_sign(row_entries), ops.constant(63, torch.int64)))
+    keep = ops.bitwise_not(_sign_bits(row_entries))
     return [ops.indirect_indexing(ops.bitwise_and(entry, keep), size, check=False, wrap_neg=False)
             for entry, size in row_entries]
 
