@@ -76,14 +76,19 @@ def cuda_arch_list():
     return arch
 
 
-def nvidia_wheel_includes():
+def nvidia_wheel_include_flags():
     """The nvidia-* wheels torch depends on carry headers (cuBLAS, cuSPARSE...)
-    that a bare toolkit may lack; ATen's CUDA headers include some of them."""
+    that a bare toolkit may lack; ATen's CUDA headers include some of them.
+    They are searched as system headers, after every -I folder and so after
+    the toolkit's own: the wheels also carry the CUDA runtime's and CCCL's
+    headers, of the CUDA torch was built with (13.2 for torch 2.15), which
+    nvcc refuses beside its own where the two differ ("CUDA compiler and
+    CUDA toolkit headers are incompatible")."""
     found = []
     for path in sys.path:
         found += glob.glob(os.path.join(path, "nvidia", "cu*", "include"))
         found += glob.glob(os.path.join(path, "nvidia", "*", "include"))
-    return sorted({p for p in found if os.path.isdir(p)})
+    return [flag for folder in sorted({p for p in found if os.path.isdir(p)}) for flag in ("-isystem", folder)]
 
 
 def torch_requirement():
@@ -112,10 +117,10 @@ def extensions():
         arch = cuda_arch_list()
         sources += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.cu")))
         nvcc_flags = ["-O0", "-g", "-lineinfo"] if debug else ["-O3", "-lineinfo"]
-        nvcc_flags += ["--expt-relaxed-constexpr"]
+        wheel_includes = nvidia_wheel_include_flags()
+        nvcc_flags += ["--expt-relaxed-constexpr", *wheel_includes]
         extra["nvcc"] = nvcc_flags
-        extra["cxx"] = cxx_flags + ["-DWITH_CUDA"]
-        include_dirs += nvidia_wheel_includes()
+        extra["cxx"] = cxx_flags + ["-DWITH_CUDA", *wheel_includes]
         say(f"building CPU and CUDA kernels ({why}; TORCH_CUDA_ARCH_LIST={arch}; {'debug' if debug else '-O3'})")
         ext_cls = CUDAExtension
     else:
