@@ -982,12 +982,12 @@ def test_index_row_tests_on_every_kind_of_entry():
             for row in rows(sizes):
                 row_entries = list(zip(row, sizes))
                 in_bounds = all(0 <= v < size for v, size in row_entries)
-                assert value(fused._in_bounds(row_entries)) == in_bounds, row
-                assert value(fused._in_bounds_unsigned(row_entries)) == in_bounds, row
-                assert value(fused._one_if_out_of_bounds(row_entries)) == (not in_bounds), row
                 first_row_or_row = list(row) if in_bounds else [0] * len(row)
-                assert [value(p) for p in fused._positions(row_entries, in_bounds)] == first_row_or_row, row
-                assert [value(p) for p in fused._masked_positions(row_entries)] == first_row_or_row, row
+                for row_test in (fused._SIGNED_ROW_TEST, fused._UNSIGNED_ROW_TEST):
+                    assert value(row_test.in_bounds(row_entries)) == in_bounds, (row, row_test)
+                    assert value(row_test.one_if_out_of_bounds(row_entries)) == (not in_bounds), (row, row_test)
+                    positions = row_test.positions(row_entries, in_bounds)
+                    assert [value(p) for p in positions] == first_row_or_row, (row, row_test)
 
 
 def test_rows_into_dimensions_of_size_one(device):

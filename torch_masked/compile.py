@@ -51,7 +51,7 @@ import functools
 import hashlib
 import math
 import pathlib
-from typing import Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import sympy
 import torch
@@ -275,6 +275,15 @@ def _in_bounds_unsigned(row_entries):
     return functools.reduce(ops.and_, tests)
 
 
+def _one_if_out_of_bounds_unsigned(row_entries):
+    """An int32 1 for a row out of bounds and 0 for one within, by a select
+    on the unsigned test: the loop it keeps scalar has no lanes for the
+    integer masks of _one_if_out_of_bounds to save."""
+    from torch._inductor.virtualized import ops
+
+    return ops.where(_in_bounds_unsigned(row_entries), ops.constant(0, torch.int32), ops.constant(1, torch.int32))
+
+
 def _generates_cpp(node):
     """Whether Inductor generates C++ for node: a CPU tensor, under its C++
     backend (not Triton's)."""
@@ -450,6 +459,24 @@ def _masked_positions(row_entries):
             for entry, size in row_entries]
 
 
+class _RowTest(NamedTuple):
+    """One way to test index rows, with the positions a row reads (the
+    first row's where it is out of bounds) and the check's int32 1 for a
+    row out of bounds made to suit it: each chosen by measurement, in the
+    functions' notes."""
+
+    in_bounds: Callable  # (row_entries) -> bool
+    positions: Callable  # (row_entries, in_bounds) -> Inductor's indices
+    one_if_out_of_bounds: Callable  # (row_entries) -> int32
+
+
+# For vector loops: the rows' signs and integer masks made of them.
+_SIGNED_ROW_TEST = _RowTest(_in_bounds, lambda row_entries, _: _masked_positions(row_entries), _one_if_out_of_bounds)
+# For the scalar loops of index pairs and of the slices' check pass of its
+# own: unsigned compares and selects.
+_UNSIGNED_ROW_TEST = _RowTest(_in_bounds_unsigned, _positions, _one_if_out_of_bounds_unsigned)
+
+
 def _call_of_ours(lowering, op, rows_and_shape):
     """Inductor's call of our kernel `op` (gather_nd, scatter_nd or
     tensor_scatter_nd_add), followed, where check_bounds is set and the
@@ -475,41 +502,32 @@ def _call_of_ours(lowering, op, rows_and_shape):
     return call_ours
 
 
-def _any_row_out_of_bounds(device, row_entries_at, in_bounds_of, check_ranges, slices):
+def _any_row_out_of_bounds(device, row_entries_at, row_test, check_ranges, slices):
     """A bool scalar in Inductor's IR: whether a row is out of bounds
-    anywhere over check_ranges, by the row test `in_bounds_of` of the
-    entries `row_entries_at(position)`. For elements, the greatest of an
+    anywhere over check_ranges, by `row_test` (a _RowTest) of the entries
+    `row_entries_at(position)`. For elements, the greatest of the test's
     int32 1 for a row out of bounds and 0 for one within, one int32 lane
-    per row in a vector loop: with the test of signs (_in_bounds) the
-    row's sign shifted right 63 bits and ANDed with 1, integer operations
-    that at 1e6 made the chain 0.59 of native's where a select on the test
-    made it 1.01 (AVX-512 code; 1.02 for 0.98 in AVX2 code, 1.03 for 1.09
-    at 1e7); with the unsigned test, which keeps the loop scalar, an
-    integer select. For slices, `any` of the test negated: in a pass of
-    its own 0.96-0.98 of the greatest's time, in the reader's loop as fast,
-    where for elements it was 1.1-1.2 of it (benchmarks/METHODS.md)."""
+    per row in a vector loop: with the test of signs, made of integer
+    operations, which at 1e6 made the chain 0.59 of native's where a
+    select on the test made it 1.01 (AVX-512 code; 1.02 for 0.98 in AVX2
+    code, 1.03 for 1.09 at 1e7). For slices, `any` of the test negated: in
+    a pass of its own 0.96-0.98 of the greatest's time, in the reader's
+    loop as fast, where for elements it was 1.1-1.2 of it
+    (benchmarks/METHODS.md)."""
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
-
-    def in_bounds_at(position):
-        return in_bounds_of(row_entries_at(position))
 
     if slices:
         flag = ir.Reduction.create(
             device=device, dst_dtype=torch.bool, src_dtype=torch.bool,
-            inner_fn=lambda _, position: ops.logical_not(in_bounds_at(position)),
+            inner_fn=lambda _, position: ops.logical_not(row_test.in_bounds(row_entries_at(position))),
             ranges=[], reduction_ranges=check_ranges, reduction_type="any")
         flag.realize()  # a reduction is read through its buffer
         return flag
 
-    def one_if_out_of_bounds(position):
-        if in_bounds_of is _in_bounds:
-            return _one_if_out_of_bounds(row_entries_at(position))
-        return ops.where(in_bounds_at(position), ops.constant(0, torch.int32), ops.constant(1, torch.int32))
-
     greatest = ir.Reduction.create(
         device=device, dst_dtype=torch.int32, src_dtype=torch.int32,
-        inner_fn=lambda _, position: one_if_out_of_bounds(position),
+        inner_fn=lambda _, position: row_test.one_if_out_of_bounds(row_entries_at(position)),
         ranges=[], reduction_ranges=check_ranges, reduction_type="max")
     greatest.realize()
     load_greatest = greatest.make_loader()
@@ -569,13 +587,13 @@ def _gather_nd_lowering(lowering):
 
         # The gather's row test, and the check's, with the ranges the check
         # reduces over (the rows, or every gathered element).
-        in_bounds_of = _in_bounds_unsigned if _keeps_loop_scalar(indices, rows, sizes, rest) else _in_bounds
-        checked_in_bounds, check_ranges = in_bounds_of, rows
+        row_test = _UNSIGNED_ROW_TEST if _keeps_loop_scalar(indices, rows, sizes, rest) else _SIGNED_ROW_TEST
+        checked_row_test, check_ranges = row_test, rows
         checks_in_the_readers_loop = _checks_in_the_readers_loop(indices, rest)
         if checks_in_the_readers_loop:
             check_ranges = [*rows, *rest]
         elif _checks_in_a_scalar_pass(indices, rest):
-            checked_in_bounds = _in_bounds_unsigned
+            checked_row_test = _UNSIGNED_ROW_TEST
         # A row out of bounds is zeroed, with check_bounds too, where the
         # IndexError follows: in Inductor's vectorised C++ the select makes
         # the reload of gathered elements a masked load, and the loop 2.3x
@@ -588,18 +606,15 @@ def _gather_nd_lowering(lowering):
             row, within = position[: len(rows)], position[len(rows) :]
             row_entries = _index_entries(load_index, row, sizes)
             # A row out of bounds reads params' first row instead (there is
-            # one: see the declines above), found by integer masks, or in
-            # the scalar loop of the unsigned test by a select per entry.
-            in_bounds = in_bounds_of(row_entries)
-            positions = (_positions(row_entries, in_bounds) if in_bounds_of is _in_bounds_unsigned
-                         else _masked_positions(row_entries))
-            value = load_params([*positions, *within])
+            # one: see the declines above).
+            in_bounds = row_test.in_bounds(row_entries)
+            value = load_params([*row_test.positions(row_entries, in_bounds), *within])
             return ops.where(in_bounds, value, ops.constant(0, dtype)) if zeroes_rows_out_of_bounds else value
 
         if check_bounds and not any(size == 0 for size in rows):  # no rows: none out of bounds
             raise_if_out_of_bounds(indices, params_shape, _any_row_out_of_bounds(
                 indices.get_device(), lambda position: _index_entries(load_index, position[: len(rows)], sizes),
-                checked_in_bounds, check_ranges, bool(rest)))
+                checked_row_test, check_ranges, bool(rest)))
         return ir.Pointwise.create(
             device=params.get_device(), dtype=dtype, inner_fn=gathered, ranges=[*rows, *rest]
         )
