@@ -74,9 +74,12 @@ def cases(device, quick):
     yield _case("nonzero", "", lambda: torch_masked.nonzero(x), lambda: torch.nonzero(x), "torch.nonzero", "no grad")
     yield _case("nonzero_static", "", lambda: torch_masked.nonzero_static(x, size=4),
                 lambda: torch.nonzero_static(x, size=4), "torch.nonzero_static", "no grad")
-    # The op packet, which picks the overload by trying each in turn.
-    yield _case("where", " (number y, op packet)", lambda: torch.ops.masked.where(condition, x, 0.0),
-                lambda: torch.ops.aten.where(condition, x, 0.0), "torch.ops.aten.where", "no grad")
+    # The op packet, which picks the overload by trying each in turn: every
+    # form of where, against ATen's packet offered the same operands.
+    for form, args in [("", (condition, x, x)), ("number y, ", (condition, x, 0.0)),
+                       ("number x, ", (condition, 0.0, x)), ("index mode, ", (condition,))]:
+        yield _case("where", f" ({form}op packet)", lambda args=args: torch.ops.masked.where(*args),
+                    lambda args=args: torch.ops.aten.where(*args), "torch.ops.aten.where", "no grad")
     for op, ours, native, native_name, inputs in _pairs(device):
         name = " (number y)" if op == "where" and len(inputs) == 1 else ""
         yield _case(op, name, lambda ours=ours, inputs=inputs: ours(*inputs),

@@ -28,17 +28,20 @@ TORCH_LIBRARY(masked, m) {
   // The first `size` rows of nonzero, padded with fill_value; no host sync.
   m.def("nonzero_static(Tensor self, *, SymInt size, int fill_value=-1) -> Tensor");
 
-  // where: the index mode (tf.where(condition)) and the broadcasting select.
-  m.def("where(Tensor condition) -> Tensor");
+  // where: the broadcasting select, and the index mode (tf.where(condition)).
+  // torch.ops.masked.where(...) tries the overloads in the order defined here,
+  // and each that fails costs the call an exception (3 us for one of the
+  // wrong length, 10 for a number offered for a Tensor): the three-operand
+  // forms come first, as ATen's do, the plain tensors first of all.
   m.def("where.self(Tensor condition, Tensor x, Tensor y) -> Tensor");
   // where with a number for x or y, as ATen's overloads of the same names: the
   // number promotes as torch.where's numbers do and reaches the kernel as a
-  // value, so no tensor is made for it on the device. ScalarOther first:
-  // torch.ops.masked.where(...) tries the overloads in this order, and a
-  // tensor offered for a Scalar fails with its repr() in the message (0.5 ms
-  // for ten elements), where a number offered for a Tensor costs nothing.
+  // value, so no tensor is made for it on the device. ScalarOther before
+  // ScalarSelf: a tensor offered for a Scalar fails with its repr() in the
+  // message (0.5 ms for ten elements).
   m.def("where.ScalarOther(Tensor condition, Tensor x, Scalar y) -> Tensor");
   m.def("where.ScalarSelf(Tensor condition, Scalar x, Tensor y) -> Tensor");
+  m.def("where(Tensor condition) -> Tensor");
   // select: TensorFlow's Select (Java Where3): scalar, same-shape or row condition.
   m.def("select(Tensor condition, Tensor x, Tensor y) -> Tensor");
 
