@@ -368,6 +368,28 @@ def test_declined_cases_run_our_kernel_and_raise_as_eager():
     exact(result, torch.where(c, x, 2.0) * 2)
 
 
+@pytest.mark.parametrize("chain, dynamic", [
+    (lambda c, x, n: (torch_masked.where(c, 70000, x) + 1).sum(), False),
+    (lambda c, x, n: torch_masked.where(c, x, n.shape[0] * 1000) * 2, True),
+], ids=["number x", "y known at run time"])
+def test_numbers_that_do_not_fit_raise_as_eager_where_the_result_has_no_elements(chain, dynamic):
+    # Inductor reads nothing of a result without elements, and would drop
+    # our kernel's call, and with it the error for the number.
+    compiled = torch.compile(chain, fullgraph=True, dynamic=dynamic)
+    c, x = torch.ones(0, dtype=torch.bool), torch.ones(0, dtype=torch.int8)
+    for n in (torch.ones(3), torch.ones(5)):
+        with pytest.raises(RuntimeError) as eager:
+            chain(c, x, n)
+        with pytest.raises(RuntimeError) as fused:
+            compiled(c, x, n)
+        assert type(fused.value) is type(eager.value) and str(fused.value) == str(eager.value)
+    # A number that fits raises nothing.
+    fits = torch.compile(lambda c, x: (torch_masked.where(c, x, 100) + 1, torch_masked.where(c, -3, x.cfloat())),
+                         fullgraph=True)
+    for result, dtype in zip(fits(c, x), (torch.int8, torch.complex64), strict=True):
+        exact(result, torch.ones(0, dtype=dtype))
+
+
 def test_numbers_known_only_at_run_time_stay_symbolic():
     # Fused where the dtype holds every value of the number's kind (a bool,
     # an int in float32), else our kernel, which checks the value.

@@ -361,6 +361,11 @@ def test_where_number_that_does_not_fit_raises_like_torch(device, dtype, number)
         torch_masked.where(condition, x, scalar)
     with pytest.raises(RuntimeError, match=rf"^select: cannot make a tensor of y = {shown}: {refusal}"):
         torch_masked.select(condition[0], x[0], number)
+    # The check that compiled graphs call for a where without elements
+    # (torch_masked/compile.py:_where_number_lowering) raises the same.
+    for name, number_is_x in (("x", True), ("y", False)):
+        with pytest.raises(RuntimeError, match=rf"^where: cannot make a tensor of {name} = {shown}: {refusal}"):
+            torch.ops.masked.check_where_number(condition[:0], x[:0], number, number_is_x)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -961,6 +966,9 @@ def test_opcheck(device, requires_grad):
                 torch.library.opcheck(torch.ops.masked.where.ScalarSelf, (condition, number, y))
     for args in select_samples(device, requires_grad):
         torch.library.opcheck(torch.ops.masked.select, args)
+    for condition, x, _ in where_samples(device, requires_grad):
+        for number_is_x in (True, False):
+            torch.library.opcheck(torch.ops.masked.check_where_number, (condition, x, 2, number_is_x))
 
 
 @needs_nonzero_fake

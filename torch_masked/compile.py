@@ -195,6 +195,27 @@ def _select(condition, x, y):
     return _where(condition, x, y)
 
 
+def _where_number_lowering(lowering, op, number_is_x):
+    """masked::where.ScalarSelf (number_is_x) or where.ScalarOther, where its
+    decomposition declines, as the call of our kernel, followed, where the
+    result has no elements, by masked::check_where_number: Inductor reads
+    nothing of such a result, so it would drop the call, and with it the
+    error eager raises for a number the dtype cannot hold (a torch.where
+    compiled raises it as it compiles)."""
+    from torch._inductor.virtualized import V
+
+    call = lowering.fallback_handler(op, add_to_fallback_set=False)
+    check = lowering.fallback_handler(torch.ops.masked.check_where_number.default, add_to_fallback_set=False)
+
+    def lower(condition, x, y):
+        result = call(condition, x, y)
+        if V.graph.sizevars.statically_known_true(sympy.Eq(result.get_numel(), 0)):
+            check(condition, *((y, x) if number_is_x else (x, y)), number_is_x)
+        return result
+
+    return lower
+
+
 def _first_element_stands_in(indices, shape):
     """Whether each index row's entries have a first element of `shape`'s
     indexed dimensions to stand in for a row out of bounds (in the gather)
@@ -820,6 +841,10 @@ def _register(lowering):
         # does so on its own only for ops without a decomposition.
         layout = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
         lowering.make_fallback(op, layout_constraint=layout, warn=False, override_decomp=True)
+    # The number overloads' fallbacks lower as _where_number_lowering says
+    # (make_fallback's realized inputs and layout constraint kept).
+    for op, number_is_x in ((torch.ops.masked.where.ScalarSelf, True), (torch.ops.masked.where.ScalarOther, False)):
+        lowering.register_lowering(op, type_promotion_kind=None)(_where_number_lowering(lowering, op, number_is_x))
     lowering.register_lowering(torch.ops.masked.gather_nd.default, type_promotion_kind=None)(
         _gather_nd_lowering(lowering)
     )

@@ -73,6 +73,30 @@ def _where_fake(condition, x, y):
     return condition.new_empty(shape, dtype=torch.result_type(x, y))
 
 
+@torch.library.custom_op("masked::check_where_number", mutates_args=())
+def _check_where_number(condition: torch.Tensor, tensor: torch.Tensor, number: torch.types.Number,
+                        number_is_x: bool) -> None:
+    """The error of where.ScalarSelf (number_is_x) or where.ScalarOther for a
+    number that the result dtype cannot hold, raised by that overload
+    itself, its result dropped. An op of its own, returning nothing (a side
+    effect that Inductor keeps), for compiled graphs: where a where with a
+    number has a result without elements, Inductor reads nothing of it and
+    would drop the call, and its error with it
+    (torch_masked/compile.py:_where_number_lowering)."""
+    if number_is_x:
+        _where_number_x(condition, number, tensor)
+    else:
+        _where_number_y(condition, tensor, number)
+
+
+@_check_where_number.register_fake
+def _check_where_number_fake(condition, tensor, number, number_is_x):
+    return None
+
+
+torch.fx.node.has_side_effect(torch.ops.masked.check_where_number.default)
+
+
 @torch.library.register_fake("masked::select")
 def _select_fake(condition, x, y):
     check_same_device("select", condition=condition, x=x, y=y)
