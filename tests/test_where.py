@@ -362,7 +362,7 @@ def test_where_number_that_does_not_fit_raises_like_torch(device, dtype, number)
     with pytest.raises(RuntimeError, match=rf"^select: cannot make a tensor of y = {shown}: {refusal}"):
         torch_masked.select(condition[0], x[0], number)
     # The check that compiled graphs call for a where without elements
-    # (torch_masked/compile.py:_where_number_lowering) raises the same.
+    # (torch_masked/compile.py:_call_of_ours) raises the same.
     for name, number_is_x in (("x", True), ("y", False)):
         with pytest.raises(RuntimeError, match=rf"^where: cannot make a tensor of {name} = {shown}: {refusal}"):
             torch.ops.masked.check_where_number(condition[:0], x[:0], number, number_is_x)

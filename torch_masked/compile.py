@@ -195,27 +195,6 @@ def _select(condition, x, y):
     return _where(condition, x, y)
 
 
-def _where_number_lowering(lowering, op, number_is_x):
-    """masked::where.ScalarSelf (number_is_x) or where.ScalarOther, where its
-    decomposition declines, as the call of our kernel, followed, where the
-    result has no elements, by masked::check_where_number: Inductor reads
-    nothing of such a result, so it would drop the call, and with it the
-    error eager raises for a number the dtype cannot hold (a torch.where
-    compiled raises it as it compiles)."""
-    from torch._inductor.virtualized import V
-
-    call = lowering.fallback_handler(op, add_to_fallback_set=False)
-    check = lowering.fallback_handler(torch.ops.masked.check_where_number.default, add_to_fallback_set=False)
-
-    def lower(condition, x, y):
-        result = call(condition, x, y)
-        if V.graph.sizevars.statically_known_true(sympy.Eq(result.get_numel(), 0)):
-            check(condition, *((y, x) if number_is_x else (x, y)), number_is_x)
-        return result
-
-    return lower
-
-
 def _first_element_stands_in(indices, shape):
     """Whether each index row's entries have a first element of `shape`'s
     indexed dimensions to stand in for a row out of bounds (in the gather)
@@ -498,29 +477,56 @@ _SIGNED_ROW_TEST = _RowTest(_in_bounds, lambda row_entries, _: _masked_positions
 _UNSIGNED_ROW_TEST = _RowTest(_in_bounds_unsigned, _positions, _one_if_out_of_bounds_unsigned)
 
 
-def _call_of_ours(lowering, op, rows_and_shape):
-    """Inductor's call of our kernel `op` (gather_nd, scatter_nd or
-    tensor_scatter_nd_add), followed, where check_bounds is set and the
-    result has no elements, by masked::check_indices_in_bounds of the index
-    rows against the shape they index (`rows_and_shape(*args)`): Inductor
-    reads nothing of a tensor with no elements, so it would drop the call
-    that makes one as unused, and with it the IndexError an eager call
-    raises (a scatter into shape [0, 2], or into [8, 0] by a row past 8).
-    Native index_put's error is lost so; ours is kept."""
+def _call_of_ours(lowering, op, check, check_arguments):
+    """Inductor's call of our kernel `op`, followed, where the result has no
+    elements, by the op `check` of `check_arguments(*args, **kwargs)` (None
+    where there is nothing to check): Inductor reads nothing of a tensor
+    with no elements, so it would drop the call that makes one as unused,
+    and with it the error an eager call raises, which `check`, a side effect
+    that Inductor keeps, raises in its place. So the index ops keep their
+    IndexError (_call_of_ours_checking_indices: a scatter into shape
+    [0, 2], or into [8, 0] by a row past 8; native index_put's is lost so),
+    and where its error for a number the dtype cannot hold
+    (_where_number_check; a torch.where compiled raises it as it
+    compiles)."""
     from torch._inductor.virtualized import V
 
     call = lowering.fallback_handler(op, add_to_fallback_set=False)
-    check = lowering.fallback_handler(torch.ops.masked.check_indices_in_bounds.default, add_to_fallback_set=False)
-    name = op.name().split("::")[1]
+    raise_as_eager = lowering.fallback_handler(check, add_to_fallback_set=False)
 
-    def call_ours(*args, check_bounds):
-        result = call(*args, check_bounds=check_bounds)
-        if check_bounds and V.graph.sizevars.statically_known_true(sympy.Eq(result.get_numel(), 0)):
-            indices, shape = rows_and_shape(*args)
-            check(name, indices, list(shape), 0)
+    def call_ours(*args, **kwargs):
+        result = call(*args, **kwargs)
+        arguments = check_arguments(*args, **kwargs)
+        if arguments is not None and V.graph.sizevars.statically_known_true(sympy.Eq(result.get_numel(), 0)):
+            raise_as_eager(*arguments)
         return result
 
     return call_ours
+
+
+def _call_of_ours_checking_indices(lowering, op, rows_and_shape):
+    """_call_of_ours of gather_nd, scatter_nd or tensor_scatter_nd_add,
+    checked where check_bounds is set by masked::check_indices_in_bounds of
+    the index rows against the shape they index (`rows_and_shape(*args)`)."""
+    name = op.name().split("::")[1]
+
+    def check_arguments(*args, check_bounds):
+        if not check_bounds:
+            return None
+        indices, shape = rows_and_shape(*args)
+        return name, indices, list(shape), 0
+
+    return _call_of_ours(lowering, op, torch.ops.masked.check_indices_in_bounds.default, check_arguments)
+
+
+def _where_number_check(number_is_x):
+    """check_arguments (_call_of_ours) of where.ScalarSelf (number_is_x) or
+    where.ScalarOther, where its decomposition declines:
+    masked::check_where_number of the condition, the tensor and the
+    number."""
+    if number_is_x:
+        return lambda condition, number, tensor: (condition, tensor, number, True)
+    return lambda condition, tensor, number: (condition, tensor, number, False)
 
 
 def _any_row_out_of_bounds(device, row_entries_at, row_test, check_ranges, slices):
@@ -589,8 +595,8 @@ def _gather_nd_lowering(lowering):
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
 
-    call_ours = _call_of_ours(lowering, torch.ops.masked.gather_nd.default,
-                              lambda params, indices: (indices, params.get_size()))
+    call_ours = _call_of_ours_checking_indices(lowering, torch.ops.masked.gather_nd.default,
+                                               lambda params, indices: (indices, params.get_size()))
     raise_if_out_of_bounds = lowering.fallback_handler(
         torch.ops.masked.check_gather_nd_indices.default, add_to_fallback_set=False
     )
@@ -712,8 +718,8 @@ def _scatter_added(lowering, base, indices, updates):
 def _scatter_nd_lowering(lowering):
     """masked::scatter_nd as zeros and Inductor's own scatter where
     _adds_in_inductor says so; else our kernel."""
-    call_ours = _call_of_ours(lowering, torch.ops.masked.scatter_nd.default,
-                              lambda indices, updates, shape: (indices, shape))
+    call_ours = _call_of_ours_checking_indices(lowering, torch.ops.masked.scatter_nd.default,
+                                               lambda indices, updates, shape: (indices, shape))
 
     def lower(indices, updates, shape, *, check_bounds=True):
         if not _adds_in_inductor(updates.get_device(), updates.get_dtype(), indices, list(shape), check_bounds):
@@ -727,8 +733,8 @@ def _scatter_nd_lowering(lowering):
 def _tensor_scatter_nd_add_lowering(lowering):
     """masked::tensor_scatter_nd_add as a copy of `tensor` and Inductor's own
     scatter into it where _adds_in_inductor says so; else our kernel."""
-    call_ours = _call_of_ours(lowering, torch.ops.masked.tensor_scatter_nd_add.default,
-                              lambda tensor, indices, updates: (indices, tensor.get_size()))
+    call_ours = _call_of_ours_checking_indices(lowering, torch.ops.masked.tensor_scatter_nd_add.default,
+                                               lambda tensor, indices, updates: (indices, tensor.get_size()))
 
     def lower(tensor, indices, updates, *, check_bounds=True):
         if not _adds_in_inductor(tensor.get_device(), tensor.get_dtype(), indices, list(tensor.get_size()),
@@ -841,10 +847,13 @@ def _register(lowering):
         # does so on its own only for ops without a decomposition.
         layout = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
         lowering.make_fallback(op, layout_constraint=layout, warn=False, override_decomp=True)
-    # The number overloads' fallbacks lower as _where_number_lowering says
-    # (make_fallback's realized inputs and layout constraint kept).
+    # The number overloads' fallbacks, as calls of ours that a result with no
+    # elements keeps checked (make_fallback's realized inputs and layout
+    # constraint kept).
     for op, number_is_x in ((torch.ops.masked.where.ScalarSelf, True), (torch.ops.masked.where.ScalarOther, False)):
-        lowering.register_lowering(op, type_promotion_kind=None)(_where_number_lowering(lowering, op, number_is_x))
+        lowering.register_lowering(op, type_promotion_kind=None)(
+            _call_of_ours(lowering, op, torch.ops.masked.check_where_number.default, _where_number_check(number_is_x))
+        )
     lowering.register_lowering(torch.ops.masked.gather_nd.default, type_promotion_kind=None)(
         _gather_nd_lowering(lowering)
     )

@@ -82,7 +82,7 @@ def _check_where_number(condition: torch.Tensor, tensor: torch.Tensor, number: t
     effect that Inductor keeps), for compiled graphs: where a where with a
     number has a result without elements, Inductor reads nothing of it and
     would drop the call, and its error with it
-    (torch_masked/compile.py:_where_number_lowering)."""
+    (torch_masked/compile.py:_call_of_ours)."""
     if number_is_x:
         _where_number_x(condition, number, tensor)
     else:
