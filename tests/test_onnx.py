@@ -169,14 +169,48 @@ def test_scatter_gather_with_duplicates():
                     {"masked.scatter_nd.default", "masked.tensor_scatter_nd_add.default", "masked.gather_nd.default"})
 
 
+class ScattersOfAMegabyte(torch.nn.Module):
+    def forward(self, rows, slices, pairs, ones, base):
+        return tm.scatter_nd(rows, slices, [3, 1024]), tm.tensor_scatter_nd_add(base, pairs, ones)
+
+
+def test_duplicates_add_up_in_onnxruntime_threads():
+    """Scatters of a megabyte or more, with duplicate rows, in an onnxruntime
+    session of 2 threads: its ScatterND with reduction="add" splits the rows
+    between threads there and loses sums (every run wrong, onnxruntime
+    1.32); the export must add every duplicate, run after run."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 3, (300, 1), generator=g)
+    slices = torch.randint(-3, 4, (300, 1024), generator=g).float()
+    pairs = torch.randint(0, 4, (500_000, 2), generator=g)
+    ones = torch.ones(500_000)
+    base = torch.randn(4, 4, generator=g)
+    module = ScattersOfAMegabyte()
+    program = export(module, (rows, slices, pairs, ones, base))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feed = dict(zip([i.name for i in session.get_inputs()], (a.numpy() for a in (rows, slices, pairs, ones, base))))
+    expected = module(rows, slices, pairs, ones, base)
+    for _ in range(5):
+        for got, want in zip(session.run(None, feed), expected):
+            torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-4)
+
+
 class Scatter(torch.nn.Module):
     def forward(self, idx, values):
         return tm.scatter_nd(idx, values, [6])
 
 
+class ScatterIntoPlane(torch.nn.Module):
+    def forward(self, idx, values):
+        return tm.scatter_nd(idx, values, [4, 3])
+
+
 def test_opset_below_16_refused_for_scatter():
-    """ScatterND adds duplicates (reduction="add") from opset 16: older opsets
-    are refused, not exported as a scatter that overwrites."""
+    """ScatterElements adds duplicates (reduction="add") from opset 16: older
+    opsets are refused, not exported as a scatter that overwrites."""
     idx, values = torch.tensor([[1], [1]]), torch.tensor([1.0, 2.0])
     with pytest.raises(ValueError, match=r"masked::scatter_nd cannot be exported to ONNX opset 15.*reduction='add'"):
         export(Scatter(), (idx, values), opset_version=15)
@@ -244,6 +278,15 @@ def test_out_of_range_indices_follow_onnx():
     assert run_onnx(program, (torch.tensor([[-1]]), torch.ones(1)))[0].tolist() == [0, 0, 0, 0, 0, 1]
     with pytest.raises(Exception, match="invalid|out of"):
         run_onnx(program, (torch.tensor([[6]]), torch.ones(1)))
+
+    # Index pairs: each entry against its own dimension, never a position in
+    # the dimensions flattened ([1, 3] is not [2, 0], nor [0, -1] [0, 2]).
+    program = export(ScatterIntoPlane(), (torch.tensor([[1, 2]]), torch.ones(1)), ({0: N}, {0: N}))
+    plane = run_onnx(program, (torch.tensor([[-1, 0], [0, -1], [-4, -3]]), torch.tensor([1.0, 2.0, 3.0])))[0]
+    assert plane.tolist() == [[3, 0, 2], [0, 0, 0], [0, 0, 0], [1, 0, 0]]
+    for pair in ([1, 3], [4, 0], [0, -4], [-5, 0]):
+        with pytest.raises(Exception, match="invalid|out of"):
+            run_onnx(program, (torch.tensor([[0, 0], pair]), torch.ones(2)))
 
 
 class Unchecked(torch.nn.Module):

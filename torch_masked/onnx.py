@@ -13,7 +13,8 @@ ops it takes them from ``custom_translation_table``. This module holds ours::
 
 Each op maps to the standard ONNX op of the same meaning: ``Where``,
 ``NonZero`` (transposed: ONNX gives ``[rank, z]``), ``Compress``,
-``GatherND``, ``ScatterND`` with ``reduction="add"`` (opset 16 or later).
+``GatherND``, ``ScatterElements`` with ``reduction="add"`` (opset 16 or
+later; not ``ScatterND``, see ``_scatter_add``).
 What ONNX cannot express fails here, at export time, with a ``ValueError``
 naming the op and the case (PyTorch's exporter wraps it in its
 ``ConversionError``), never as a model that computes something else.
@@ -33,7 +34,7 @@ from onnxscript import opset18 as op
 
 __all__ = ["export", "translation_table"]
 
-# Scatter with duplicates needs ScatterND's reduction="add".
+# Scatter with duplicates needs ScatterElements's reduction="add".
 _SCATTER_OPSET = 16
 
 # The dtypes our translations promote between (where/select), as torch names them.
@@ -231,17 +232,38 @@ def _expand(value, shape):
     return op.Cast(op.Expand(op.Cast(value, to=ir.DataType.FLOAT), shape), to=ir.DataType.BFLOAT16)
 
 
+def _index_rows(indices, depth):
+    """indices as [N, K] int64 rows."""
+    return op.Reshape(_int64(indices), op.Constant(value_ints=[-1, depth]))
+
+
+def _all_within(data, rows, depth):
+    """Whether each index row ([N, K] int64) lies within data's first K
+    dimensions ([N] bool); none does where one of them has size 0."""
+    within = op.And(op.GreaterOrEqual(rows, op.Constant(value_int=0)), op.Less(rows, op.Shape(data, end=depth)))
+    entries_within = op.ReduceSum(op.Cast(within, to=ir.DataType.INT64), op.Constant(value_ints=[1]), keepdims=0)
+    return op.Equal(entries_within, op.Constant(value_int=depth))
+
+
 def _rows_in_bounds(data, indices, depth):
     """For check_bounds=False, where our kernels skip index rows out of bounds
     of data (negative ones included) and GatherND and ScatterND would wrap or
     fail: whether each row of indices, as [R, K], is in bounds ([R] bool),
-    and those rows ([M, K] int64). Where data has a dimension of size 0
-    among its first K, none is."""
-    rows = op.Reshape(_int64(indices), op.Constant(value_ints=[-1, depth]))
-    within = op.And(op.GreaterOrEqual(rows, op.Constant(value_int=0)), op.Less(rows, op.Shape(data, end=depth)))
-    entries_within = op.ReduceSum(op.Cast(within, to=ir.DataType.INT64), op.Constant(value_ints=[1]), keepdims=0)
-    in_bounds = op.Equal(entries_within, op.Constant(value_int=depth))
+    and those rows ([M, K] int64)."""
+    rows = _index_rows(indices, depth)
+    in_bounds = _all_within(data, rows, depth)
     return in_bounds, op.Compress(rows, in_bounds, axis=0)
+
+
+def _row_positions(data, rows, depth):
+    """Index rows ([N, K] int64, within bounds) as positions ([N]) in data's
+    first K dimensions flattened in row-major order (Horner's rule)."""
+    sizes = op.Shape(data, end=depth)
+    positions = op.Gather(rows, op.Constant(value_int=0), axis=1)
+    for column in range(1, depth):
+        size = op.Gather(sizes, op.Constant(value_int=column), axis=0)
+        positions = op.Add(op.Mul(positions, size), op.Gather(rows, op.Constant(value_int=column), axis=1))
+    return positions
 
 
 def _gather_nd(params, indices, check_bounds=True):
@@ -266,9 +288,9 @@ def _gather_nd(params, indices, check_bounds=True):
 
 
 # Types summed in a wider one: ONNX has no bool addition (counts in int64,
-# where none wraps, then != 0 is the OR), and onnxruntime's ScatterND does not
-# add float16; half and bfloat16 are summed in float and rounded once, as our
-# kernels do.
+# where none wraps, then != 0 is the OR), and onnxruntime's ScatterElements
+# does not add float16; half and bfloat16 are summed in float and rounded
+# once, as our kernels do.
 _ACCUMULATE_AS = {ir.DataType.BOOL: ir.DataType.INT64, ir.DataType.FLOAT16: ir.DataType.FLOAT,
                   ir.DataType.BFLOAT16: ir.DataType.FLOAT}
 # ONNX's ReduceSum (the K == 0 scatter's) has no 8- and 16-bit integers: their
@@ -278,29 +300,74 @@ _REDUCE_AS = {ir.DataType.INT8: ir.DataType.INT64, ir.DataType.UINT8: ir.DataTyp
               ir.DataType.INT16: ir.DataType.INT64}
 
 
+def _product(sizes, count):
+    """The product of a 1-D int64 tensor of `count` sizes, as a [1] tensor (1
+    for none). Not ReduceProd: its axes became an input at opset 18, and the
+    exporter's conversion to older opsets leaves an attribute opset 16 lacks."""
+    product = op.Constant(value_ints=[1])
+    for position in range(count):
+        size = op.Slice(sizes, op.Constant(value_ints=[position]), op.Constant(value_ints=[position + 1]))
+        product = op.Mul(product, size)
+    return product
+
+
 def _scatter_add(op_name, base, indices, updates, check_bounds):
     """base with updates added at indices (duplicates add up). updates's dtype
     is base's; updates comes from the graph, which knows it."""
+    depth = _index_depth(op_name, indices)
+    slice_shape = list(updates.shape)[_rank(indices) - 1:]
+    if depth > 0 and 0 in slice_shape:
+        # Slices of no elements (known at export time) add nothing, and their
+        # indices are not read. (In _scattered, onnxruntime's graph optimizer
+        # would fold the reshape to [rows, 0] into an invalid [-1, 0].)
+        return base
     dtype = updates.dtype
     if dtype in _ACCUMULATE_AS:
         wide = _ACCUMULATE_AS[dtype]
-        summed = _scatter_add(op_name, op.Cast(base, to=wide), indices, op.Cast(updates, to=wide), check_bounds)
+        summed = _scattered(op.Cast(base, to=wide), indices, op.Cast(updates, to=wide), check_bounds, depth,
+                            len(slice_shape))
         return op.Cast(summed, to=dtype)
-    depth = _index_depth(op_name, indices)
+    return _scattered(base, indices, updates, check_bounds, depth, len(slice_shape))
+
+
+def _scattered(base, indices, updates, check_bounds, depth, slice_rank):
+    """_scatter_add's sums, in a dtype ONNX adds."""
+    dtype = updates.dtype
     if depth == 0:
-        # K == 0: every update row adds to the whole tensor (ScatterND needs K >= 1).
+        # K == 0: every update row adds to the whole tensor.
         leading = list(range(_rank(indices) - 1))
         if leading:
             wide = _REDUCE_AS.get(dtype, dtype)
             summed = op.ReduceSum(_as_dtype(updates, wide), op.Constant(value_ints=leading), keepdims=0)
             updates = _as_dtype(summed, dtype)
         return op.Add(base, updates)
-    if not check_bounds:
+    # ScatterElements on base viewed as [rows, slice], each update's slice
+    # added along the row its index row names: onnxruntime's ScatterND splits
+    # its rows between threads and, with reduction="add", loses the sums of
+    # duplicate rows it adds at once (from about a megabyte of updates),
+    # where its ScatterElements adds them in turn. The price: the row's
+    # position repeated for each element of its slice.
+    index_rank = _rank(indices) - 1
+    row_count = _product(op.Shape(base, end=depth), depth)
+    slice_size = _product(op.Shape(base, start=depth), slice_rank)
+    table = op.Reshape(base, op.Concat(row_count, slice_size, axis=0), allowzero=1)
+    update_rows = _product(op.Shape(indices, end=index_rank), index_rank)
+    updates = op.Reshape(updates, op.Concat(update_rows, slice_size, axis=0), allowzero=1)
+    if check_bounds:
+        # ScatterND's rules, which GatherND keeps: a negative entry counts
+        # from the end, and a row still outside base fails the run (its
+        # position made the count of rows, which ScatterElements refuses).
+        rows = _index_rows(indices, depth)
+        rows = op.Where(op.Less(rows, op.Constant(value_int=0)), op.Add(rows, op.Shape(base, end=depth)), rows)
+        positions = op.Where(_all_within(base, rows, depth), _row_positions(base, rows, depth), row_count)
+    else:
         # Only the rows in bounds, and their updates, are scattered.
-        in_bounds, indices = _rows_in_bounds(base, indices, depth)
-        update_rows = op.Concat(op.Shape(in_bounds), op.Shape(base, start=depth), axis=0)
-        updates = op.Compress(op.Reshape(updates, update_rows, allowzero=1), in_bounds, axis=0)
-    return op.ScatterND(base, _int64(indices), updates, reduction="add")
+        in_bounds, rows = _rows_in_bounds(base, indices, depth)
+        positions = _row_positions(base, rows, depth)
+        updates = op.Compress(updates, in_bounds, axis=0)
+    columns = op.Expand(op.Unsqueeze(positions, op.Constant(value_ints=[1])), op.Shape(updates))
+    summed = op.ScatterElements(table, columns, updates, axis=0, reduction="add")
+    return op.Reshape(summed, op.Shape(base), allowzero=1)
 
 
 def _scatter_nd(indices, updates, shape, check_bounds=True):
@@ -345,7 +412,7 @@ def _check_opset(program, opset_version):
         if node.target in scatters:
             raise ValueError(
                 f"torch_masked.onnx: masked::{node.target._opname} cannot be exported to ONNX opset "
-                f"{opset_version}: duplicate indices add up with ScatterND's reduction='add', which needs "
+                f"{opset_version}: duplicate indices add up with ScatterElements's reduction='add', which needs "
                 f"opset {_SCATTER_OPSET} or later")
 
 
