@@ -636,6 +636,28 @@ def test_tensor_scatter_nd_add_copies_into_a_new_output_past_the_cpu_limit(dynam
     exact(result, add_into_doubled(tensor, indices, updates))
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["large", "dynamic"])
+def test_tensor_scatter_nd_add_past_the_cpu_limit_adds_in_place_where_a_reduction_reads_it_all(dynamic):
+    # A result only summed whole gets no buffer of its size after the add,
+    # so the copy would only be work (compile.py says why).
+    def summed(tensor, indices, updates):
+        return add_into_doubled(tensor, indices, updates).sum()
+
+    def summed_by_rows(tensor, indices, updates):
+        return add_into_doubled(tensor, indices, updates).sum(1)
+
+    rows = torch_masked.compile.IN_PLACE_CPU_BYTES // 8 + 1 if not dynamic else 50
+    tensor, indices = torch.randn(rows, 2, generator=gen(28)), torch.randint(rows, (20, 1), generator=gen(29))
+    updates = torch.randn(20, 2, generator=gen(30))
+    before = tensor.clone()
+    for chain, in_place in ((summed, True), (summed_by_rows, False)):
+        result, code = run_and_get_code(torch.compile(chain, fullgraph=True, dynamic=dynamic), tensor, indices, updates)
+        code = "\n".join(code)
+        assert (IN_PLACE_ADD in code, FUNCTIONAL_ADD in code) == (in_place, not in_place), chain.__name__
+        torch.testing.assert_close(result, chain(tensor, indices, updates))
+        exact(tensor, before)
+
+
 def test_tensor_scatter_nd_add_copies_a_tensor_read_elsewhere():
     def read_after(tensor, indices, updates):
         doubled = tensor * 2
