@@ -14,7 +14,7 @@ ops it takes them from ``custom_translation_table``. This module holds ours::
 Each op maps to the standard ONNX op of the same meaning: ``Where``,
 ``NonZero`` (transposed: ONNX gives ``[rank, z]``), ``Compress``,
 ``GatherND``, ``ScatterElements`` with ``reduction="add"`` (opset 16 or
-later; not ``ScatterND``, see ``_scatter_add``).
+later; not ``ScatterND``, see ``_scattered``).
 What ONNX cannot express fails here, at export time, with a ``ValueError``
 naming the op and the case (PyTorch's exporter wraps it in its
 ``ConversionError``), never as a model that computes something else.
