@@ -34,8 +34,13 @@ def masked_ops(program):
             if str(node.target).startswith("masked.")}
 
 
-def run_onnx(program, args):
-    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+def run_onnx(program, args, threads=0):
+    """The model's outputs for args, in onnxruntime on `threads` intra-op
+    threads (0: its default)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     return session.run(None, dict(zip(names, (a.numpy() for a in args))))
 
@@ -185,16 +190,11 @@ def test_duplicates_add_up_in_onnxruntime_threads():
     pairs = torch.randint(0, 4, (500_000, 2), generator=g)
     ones = torch.ones(500_000)
     base = torch.randn(4, 4, generator=g)
-    module = ScattersOfAMegabyte()
-    program = export(module, (rows, slices, pairs, ones, base))
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(program.model_proto.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    feed = dict(zip([i.name for i in session.get_inputs()], (a.numpy() for a in (rows, slices, pairs, ones, base))))
-    expected = module(rows, slices, pairs, ones, base)
+    module, args = ScattersOfAMegabyte(), (rows, slices, pairs, ones, base)
+    program = export(module, args)
+    expected = module(*args)
     for _ in range(5):
-        for got, want in zip(session.run(None, feed), expected):
+        for got, want in zip(run_onnx(program, args, threads=2), expected):
             torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-4)
 
 
