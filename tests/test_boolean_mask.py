@@ -353,6 +353,9 @@ def test_errors(device):
         boolean_mask_op(tensor, mask[:, 0], 2)
     with pytest.raises(IndexError, match=r"got axis=-3"):
         boolean_mask_op(tensor, mask[:, 0], -3)
+    for axis in [1.0, "1", True]:  # a bool refused, as torch refuses it for a dim
+        with pytest.raises(TypeError, match=rf"^boolean_mask: expected axis to be an integer, got {axis!r}$"):
+            torch_masked.boolean_mask(tensor, mask[0], axis=axis)
     with pytest.raises(ValueError, match=r"expected axis \+ mask.dim\(\) <= 2 \(the rank of tensor.shape\), got axis=-1 \(dimension 1\) and mask.dim\(\)=2"):
         boolean_mask_op(tensor, mask, -1)
     with pytest.raises(ValueError, match=r"expected mask.dim\(\) <= 0 \(the rank of tensor.shape\), got mask.dim\(\)=1"):

@@ -244,6 +244,22 @@ def test_only_tensors_are_taken():
             torch_masked.nonzero_static(value, size=2)
 
 
+def test_flags_and_sizes_of_other_types_are_refused():
+    # Taken for its truth, as_tuple=None would pass as False; torch.nonzero
+    # and torch.nonzero_static refuse what is not a bool or an integer too.
+    x = torch.tensor([0, 1, 2])
+    for flag in [None, 0, 1, "yes"]:
+        with pytest.raises(TypeError, match=rf"^nonzero: expected as_tuple to be a bool, got {flag!r}$"):
+            torch_masked.nonzero(x, as_tuple=flag)
+    for size in [None, 2.5, True]:
+        with pytest.raises(TypeError, match=rf"^nonzero_static: expected size to be an integer, got {size!r}$"):
+            torch_masked.nonzero_static(x, size=size)
+    with pytest.raises(TypeError, match=r"^nonzero_static: expected fill_value to be an integer, got 1.5$"):
+        torch_masked.nonzero_static(x, size=3, fill_value=1.5)
+    # What has __index__ is an integer, as for torch.nonzero_static.
+    assert torch_masked.nonzero_static(x, size=torch.tensor(3), fill_value=torch.tensor(7)).tolist() == [[1], [2], [7]]
+
+
 def test_misaligned_inputs():
     # 16-byte elements are loaded with aligned vector moves on the CPU (and
     # torch's own kernels fault on such a tensor); smaller ones load unaligned.

@@ -1003,6 +1003,13 @@ def test_shape_and_dtype_errors(device):
     with pytest.raises(RuntimeError, match=r"^tensor_scatter_nd_add: cannot make a tensor of updates = \[300\]: "
                                            r"value cannot be converted to type int8 without overflow"):
         torch_masked.tensor_scatter_nd_add(torch.zeros(3, dtype=torch.int8, device=device), idx[:1], [300])
+    # Taken for its truth, check_bounds=None or 0 would leave the rows unchecked.
+    bad_rows = idx + 5
+    for front_door, args in [(torch_masked.scatter_nd, (bad_rows, upd, [3])), (torch_masked.gather_nd, (upd, bad_rows)),
+                             (torch_masked.tensor_scatter_nd_add, (torch.zeros(3, device=device), bad_rows, upd))]:
+        for flag in [None, 0, 1]:
+            with pytest.raises(TypeError, match=rf"^{front_door.__name__}: expected check_bounds to be a bool, got {flag}$"):
+                front_door(*args, check_bounds=flag)
     for shape, shown in [(3, "3"), (torch.tensor(3), "3"), (None, "None")]:
         with pytest.raises(TypeError, match=rf"scatter_nd: expected shape to be a sequence of sizes \(a list, tuple, "
                                             rf"torch.Size or 1-D tensor\), got {shown}$"):

@@ -1,7 +1,9 @@
 """Checks shared by the fake kernels (each mirrors a TORCH_CHECK in csrc/ with
 the same message, so that eager, fake and compiled calls fail alike), the
 data-dependent sizes they make, and the front doors' making of tensors from
-array-likes."""
+array-likes and checks of their flags and integers."""
+
+import operator
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_true, is_concrete_int
@@ -24,6 +26,26 @@ def as_tensor(op, name, value, make=torch.as_tensor, **options):
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise type(error)(f"{op}: cannot make a tensor of {name} = {shown}: {error}") from error
+
+
+def check_flag(op, name, value):
+    """A flag argument is a bool, as torch's own functions require: taken
+    for its truth, None or 0 would pass as False, and check_bounds=None
+    would gather and scatter unchecked."""
+    if value is not True and value is not False:
+        raise TypeError(f"{op}: expected {name} to be a bool, got {value!r}")
+
+
+def as_integer(op, name, value):
+    """operator.index(value) for an integer argument (a dim, a size), with
+    op and name in the TypeError; a bool refused, as torch refuses it for
+    a dim."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{op}: expected {name} to be an integer, got {value!r}")
 
 
 def check_same_device(op, **tensors):

@@ -7,13 +7,12 @@ is ``boolean_mask`` again, so every order of derivative stays inside our ops
 """
 from __future__ import annotations
 
-import operator
 from typing import SupportsIndex
 
 import torch
 from torch.overrides import handle_torch_function
 
-from ._checks import as_tensor, bounded_dynamic_size, check_same_device, equal_or_unknown
+from ._checks import as_integer, as_tensor, bounded_dynamic_size, check_same_device, equal_or_unknown
 from ._overrides import entry_point, has_stand_in
 from ._types import TensorLike
 
@@ -106,5 +105,5 @@ def boolean_mask(tensor: TensorLike, mask: TensorLike, axis: SupportsIndex | Non
         tensor = as_tensor("boolean_mask", "tensor", tensor)
     if not isinstance(mask, torch.Tensor):
         mask = as_tensor("boolean_mask", "mask", mask, device=tensor.device)
-    axis = 0 if axis is None else operator.index(axis)
+    axis = 0 if axis is None else as_integer("boolean_mask", "axis", axis)
     return _boolean_mask(tensor, mask, axis)

@@ -13,7 +13,7 @@ from typing import Literal, overload
 import torch
 from torch.overrides import handle_torch_function
 
-from ._checks import bounded_dynamic_size, check_same_device
+from ._checks import as_integer, bounded_dynamic_size, check_flag, check_same_device
 from ._overrides import entry_point, has_stand_in
 
 
@@ -97,8 +97,9 @@ def nonzero(
     ``out`` (2-D form only) is resized and filled, as ``torch.nonzero`` does.
     Non-zero means ``!= 0``: NaN and subnormals count, ``-0.0`` does not.
     """
-    if isinstance(input, torch.Tensor) and out is None and not as_tuple:
+    if isinstance(input, torch.Tensor) and out is None and as_tuple is False:
         return _nonzero(input)  # the common call, first
+    check_flag("nonzero", "as_tuple", as_tuple)
     if has_stand_in(input, out):
         return handle_torch_function(nonzero, (input, out), input, as_tuple=as_tuple, out=out)
     if not isinstance(input, torch.Tensor):  # as torch.nonzero: no array-likes
@@ -121,4 +122,8 @@ def nonzero_static(input: torch.Tensor, *, size: int | torch.SymInt, fill_value:
     a ``[size, input.dim()]`` int64 tensor, computed with no host-device sync."""
     if not isinstance(input, torch.Tensor) and not has_stand_in(input):
         raise TypeError(f"nonzero_static: expected input to be a tensor, got {type(input).__name__}")
+    if type(size) is not int and not isinstance(size, torch.SymInt) and not has_stand_in(size):
+        size = as_integer("nonzero_static", "size", size)
+    if type(fill_value) is not int:
+        fill_value = as_integer("nonzero_static", "fill_value", fill_value)
     return _nonzero_static(input, size=size, fill_value=fill_value)

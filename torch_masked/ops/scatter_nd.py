@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch.overrides import handle_torch_function
 
-from ._checks import as_tensor, check, check_same_device, equal_or_unknown
+from ._checks import as_tensor, check, check_flag, check_same_device, equal_or_unknown
 from ._overrides import entry_point, has_stand_in
 from ._types import Shape, TensorLike
 
@@ -223,9 +223,12 @@ _tensor_scatter_nd_add = entry_point(torch.ops.masked.tensor_scatter_nd_add.defa
 _gather_nd = entry_point(torch.ops.masked.gather_nd.default)
 
 
-def _call(op, check_bounds, *args):
+def _call(op, name, check_bounds, *args):
     # The keyword only when it is not the default: keywords slow the call down.
-    return op(*args) if check_bounds else op(*args, check_bounds=False)
+    if check_bounds is True:
+        return op(*args)
+    check_flag(name, "check_bounds", check_bounds)
+    return op(*args, check_bounds=False)
 
 
 def scatter_nd(indices: TensorLike, updates: TensorLike, shape: Shape, *, check_bounds: bool = True) -> torch.Tensor:
@@ -241,7 +244,7 @@ def scatter_nd(indices: TensorLike, updates: TensorLike, shape: Shape, *, check_
     # a fifth of a call on ten elements).
     if (isinstance(indices, torch.Tensor) and isinstance(updates, torch.Tensor) and isinstance(shape, (list, tuple))
             and all(type(size) is int for size in shape)):
-        return _call(_scatter_nd, check_bounds, indices, updates, shape)
+        return _call(_scatter_nd, "scatter_nd", check_bounds, indices, updates, shape)
     sizes = shape if isinstance(shape, (list, tuple)) else (shape,)  # FX traces x.shape[0] as a Proxy
     if has_stand_in(indices, updates, *sizes):
         return handle_torch_function(
@@ -260,7 +263,7 @@ def scatter_nd(indices: TensorLike, updates: TensorLike, shape: Shape, *, check_
         # The op's own refusal of a float size is a long pybind11 cast error;
         # a bool would pass it as 0 or 1, where torch.zeros refuses it.
         raise TypeError(f"scatter_nd: expected shape of integers, got {list(shape)}")
-    return _call(_scatter_nd, check_bounds, indices, updates, shape)
+    return _call(_scatter_nd, "scatter_nd", check_bounds, indices, updates, shape)
 
 
 def tensor_scatter_nd_add(
@@ -278,7 +281,7 @@ def tensor_scatter_nd_add(
         tensor = _as_tensor(op, "tensor", tensor, _device_of(tensor, indices, updates), _dtype_of(updates))
         indices = _as_index_tensor(op, indices, tensor.device)
         updates = _as_tensor(op, "updates", updates, tensor.device, tensor.dtype)
-    return _call(_tensor_scatter_nd_add, check_bounds, tensor, indices, updates)
+    return _call(_tensor_scatter_nd_add, "tensor_scatter_nd_add", check_bounds, tensor, indices, updates)
 
 
 def gather_nd(params: TensorLike, indices: TensorLike, *, check_bounds: bool = True) -> torch.Tensor:
@@ -290,4 +293,4 @@ def gather_nd(params: TensorLike, indices: TensorLike, *, check_bounds: bool = T
             return handle_torch_function(gather_nd, (params, indices), params, indices, check_bounds=check_bounds)
         params = _as_tensor("gather_nd", "params", params, _device_of(params, indices))
         indices = _as_index_tensor("gather_nd", indices, params.device)
-    return _call(_gather_nd, check_bounds, params, indices)
+    return _call(_gather_nd, "gather_nd", check_bounds, params, indices)
