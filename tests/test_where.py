@@ -1,6 +1,8 @@
 """masked::where (index mode), masked::where.self and masked::select against
 torch.nonzero, torch.where, hand-worked row selections and the examples of
 the tf.where and Select (Where3) reference pages."""
+import decimal
+import fractions
 import functools
 import re
 
@@ -689,6 +691,14 @@ def test_arguments_that_make_no_tensor_are_named():
         torch_masked.where(c, [1, [2]], x)
     with pytest.raises(RuntimeError, match=r"^select: cannot make a tensor of condition = None: "):
         torch_masked.select(None, x, x)
+    # Numbers torch.where refuses too: beside a tensor, or beside another number.
+    half, two = fractions.Fraction(1, 2), decimal.Decimal(2)
+    with pytest.raises(TypeError, match=r"^where: cannot make a tensor of x = Fraction\(1, 2\): "):
+        torch_masked.where(c, half, x)
+    with pytest.raises(TypeError, match=r"^select: cannot make a tensor of y = Decimal\('2'\): "):
+        torch_masked.select(c, x, two)
+    with pytest.raises(TypeError, match=r"^where: cannot make a tensor of y = Fraction\(1, 2\): "):
+        torch_masked.where(c, 1.0, half)
 
 
 def test_misaligned_complex128_is_refused():

@@ -193,13 +193,20 @@ def _as_tensor(op, name, value, partner, device):
         return value
     if isinstance(value, _ANY_NUMBER) and isinstance(partner, torch.Tensor):
         if isinstance(value, _PYTHON_NUMBERS):
-            dtype = _dtype_with_number(partner.dtype, value)
-        else:  # NumPy's scalars, which torch promotes in its own ways
-            dtype = torch.result_type(partner, value)
-        return as_tensor(op, name, value, make=_full_0d, dtype=dtype, device=device)
+            return as_tensor(op, name, value, make=_full_0d, dtype=_dtype_with_number(partner.dtype, value),
+                             device=device)
+        # NumPy's scalars, which torch promotes in its own ways (and refuses
+        # other numbers, a Fraction, say, as torch.where does).
+        return as_tensor(op, name, value, make=_numpy_scalar_beside(partner), device=device)
     if type(value) in _PYTHON_NUMBERS:  # a condition, or a number known only at run time
         return torch.full((), value, device=device)
     return as_tensor(op, name, value, device=device)
+
+
+def _numpy_scalar_beside(partner):
+    """The maker of a NumPy scalar's 0-d tensor, of the dtype
+    torch.result_type gives it beside the tensor `partner`."""
+    return lambda number, **options: _full_0d(number, dtype=torch.result_type(partner, number), **options)
 
 
 def _number_dtype(number):
@@ -219,8 +226,8 @@ def _numbers_as_tensors(op, condition, x, y):
     a float16 default dtype complex64."""
     device = _first_device(condition)
     return (_as_tensor(op, "condition", condition, None, device),
-            torch.full((), x, dtype=_number_dtype(x), device=device),
-            torch.full((), y, dtype=_number_dtype(y), device=device))
+            as_tensor(op, "x", x, make=_full_0d, dtype=_number_dtype(x), device=device),
+            as_tensor(op, "y", y, make=_full_0d, dtype=_number_dtype(y), device=device))
 
 
 def _first_device(*values):
