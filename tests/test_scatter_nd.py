@@ -960,6 +960,16 @@ def test_offsets_past_int32(device, n, dtype):
         torch_masked.scatter_nd(past_end, slices[:1], [n // width, width])
 
 
+def test_shape_takes_the_sizes_torch_zeros_takes():
+    # Anything with __index__: NumPy's integers, 0-d integer tensors (what
+    # torch.jit.trace makes x.shape's sizes).
+    idx, upd = torch.tensor([[1, 0], [1, 0]]), torch.tensor([2.0, 3.0])
+    expected = torch.zeros(2, 3).index_put((idx[:, 0], idx[:, 1]), upd, accumulate=True)
+    for shape in [[np.int64(2), np.int32(3)], [torch.tensor(2), torch.tensor(3, dtype=torch.int32)]]:
+        assert torch.zeros(shape).shape == (2, 3)
+        assert torch.equal(torch_masked.scatter_nd(idx, upd, shape), expected)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_shape_and_dtype_errors(device):
     idx = torch.tensor([[0], [1]], device=device)

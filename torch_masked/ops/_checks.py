@@ -36,16 +36,25 @@ def check_flag(op, name, value):
         raise TypeError(f"{op}: expected {name} to be a bool, got {value!r}")
 
 
+def integer_or_none(value):
+    """operator.index(value) (a 0-d integer tensor is an integer too, as
+    torch takes it for a size), or None where value is not an integer: nor
+    is a bool, which torch refuses for a dim or a size."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def as_integer(op, name, value):
-    """operator.index(value) for an integer argument (a dim, a size), with
-    op and name in the TypeError; a bool refused, as torch refuses it for
-    a dim."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(f"{op}: expected {name} to be an integer, got {value!r}")
+    """An integer argument (a dim, a size) as an int (integer_or_none), with
+    op and name in the TypeError where it is not one."""
+    integer = integer_or_none(value)
+    if integer is None:
+        raise TypeError(f"{op}: expected {name} to be an integer, got {value!r}")
+    return integer
 
 
 def check_same_device(op, **tensors):
