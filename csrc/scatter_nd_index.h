@@ -16,8 +16,10 @@
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 #include <c10/util/irange.h>
+#include <c10/util/safe_numerics.h>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace torch_masked {
@@ -72,11 +74,22 @@ inline NdIndexGeometry make_geometry(const char* op, const at::Tensor& indices, 
               ", got indices of shape ", indices.sizes(), " for ", shape_name, " ", shape);
   MASKED_CHECK(depth <= kMaxIndexDepth, op, ": expected indices.shape[-1] <= ", kMaxIndexDepth, ", got ",
               depth);
+  // The product of the sizes but those of 0 bounds every product of them
+  // the geometry and the kernels make (ATen refuses a tensor past it too;
+  // scatter_nd's shape is the caller's own list).
+  uint64_t product = 1;
+  bool overflows = false;
+  for (const int64_t size : shape) {
+    MASKED_CHECK(size >= 0, op, ": expected non-negative sizes in ", shape_name, ", got ", shape);
+    overflows |= size != 0 && c10::mul_overflows(product, static_cast<uint64_t>(size), &product);
+  }
+  MASKED_CHECK(!overflows && product <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), op,
+              ": expected sizes in ", shape_name, " whose product, sizes of 0 left out, is less than 2**63, got ",
+              shape);
   NdIndexGeometry g;
   g.depth = depth;
   g.num_rows = c10::multiply_integers(indices.sizes().slice(0, indices.dim() - 1));
   for (int64_t j = rank - 1; j >= 0; --j) {
-    MASKED_CHECK(shape[j] >= 0, op, ": expected non-negative sizes in ", shape_name, ", got ", shape);
     if (j >= depth) {
       g.slice_size *= shape[j];
     } else {

@@ -5,6 +5,7 @@ tf.scatter_nd / tf.gather_nd reference examples."""
 import contextlib
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -1013,6 +1014,17 @@ def test_shape_and_dtype_errors(device):
     with pytest.raises(RuntimeError, match=r"^tensor_scatter_nd_add: cannot make a tensor of updates = \[300\]: "
                                            r"value cannot be converted to type int8 without overflow"):
         torch_masked.tensor_scatter_nd_add(torch.zeros(3, dtype=torch.int8, device=device), idx[:1], [300])
+    # Sizes whose product (those of 0 left out, which bounds every product
+    # made of them) passes int64 are refused before any product is made; a
+    # count of elements that fits but whose bytes do not is ATen's own
+    # error, as for torch.empty (on CUDA through the padded output of
+    # 2-byte elements).
+    for rows, shape in [(1, [2**40, 2**40, 4]), (0, [0, 2**40, 2**40])]:
+        with pytest.raises(RuntimeError, match=r"^scatter_nd: expected sizes in shape whose product, sizes of 0 left "
+                                               rf"out, is less than 2\*\*63, got {re.escape(str(shape))}$"):
+            torch_masked.scatter_nd(torch.zeros(rows, 3, dtype=torch.int64, device=device), upd[:rows], shape)
+    with pytest.raises(RuntimeError, match=r"Storage size calculation overflowed with sizes=\[4611686018427387905\]"):
+        torch_masked.scatter_nd(idx[:1], torch.ones(1, dtype=torch.int16, device=device), [2**62 + 1])
     # Taken for its truth, check_bounds=None or 0 would leave the rows unchecked.
     bad_rows = idx + 5
     for front_door, args in [(torch_masked.scatter_nd, (bad_rows, upd, [3])), (torch_masked.gather_nd, (upd, bad_rows)),

@@ -38,6 +38,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -618,8 +619,11 @@ at::Tensor scatter_output(at::IntArrayRef shape, const at::TensorOptions& option
   if (element_size >= 4) {
     return uninitialized(shape, options);
   }
-  const int64_t bytes = c10::multiply_integers(shape) * element_size;
-  const at::Tensor padded = uninitialized({(bytes + 3) / 4 * 4}, options.dtype(at::kByte));
+  // ATen's own count of the bytes, with its check that they fit (the error
+  // an empty tensor of this shape raises), in whole 4-byte words.
+  const uint64_t bytes = at::detail::computeStorageNbytesContiguous(shape, static_cast<size_t>(element_size));
+  const auto words = static_cast<int64_t>(bytes / 4 + (bytes % 4 != 0));
+  const at::Tensor padded = uninitialized({words}, options.dtype(at::kInt));
   at::Tensor output = uninitialized({0}, options);
   output.set_(padded.storage(), 0, shape);
   return output;

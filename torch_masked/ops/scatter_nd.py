@@ -13,6 +13,7 @@ csrc/autograd/scatter_nd_autograd.cpp.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -53,6 +54,10 @@ def _check_indices(op, indices, shape, shape_name):
     check(depth <= MAX_INDEX_DEPTH, op, f"expected indices.shape[-1] <= {MAX_INDEX_DEPTH}, got {depth}")
     for size in shape:
         check(size >= 0, op, f"expected non-negative sizes in {shape_name}, got {_shape_str(shape)}")
+    if all(type(size) is int for size in shape):  # sizes known only at run time are checked then
+        check(math.prod(size for size in shape if size) < 2**63, op,
+              f"expected sizes in {shape_name} whose product, sizes of 0 left out, is less than 2**63, got "
+              f"{_shape_str(shape)}")
     return depth
 
 
