@@ -244,10 +244,18 @@ def scatter_nd(indices: TensorLike, updates: TensorLike, shape: Shape, *, check_
     CUDA graph) such rows are dropped instead. Lists are accepted for
     ``indices``, ``updates`` and ``shape``."""
     # The common call first: tensors and plain ints (the tests below cost
-    # about 1 µs, a fifth of a call on ten elements).
-    if (isinstance(indices, torch.Tensor) and isinstance(updates, torch.Tensor) and isinstance(shape, (list, tuple))
-            and all(type(size) is int for size in shape)):
-        return _call(_scatter_nd, "scatter_nd", check_bounds, indices, updates, shape)
+    # about 1 µs, a fifth of a call on ten elements), tested by a loop and
+    # called directly where checked: all() of a generator and _call's frame
+    # cost 0.3 µs more, the overhead benchmark's call on ten elements
+    # 1.07-1.10x native's index_put where it is now 1.00-1.03x.
+    if isinstance(indices, torch.Tensor) and isinstance(updates, torch.Tensor) and isinstance(shape, (list, tuple)):
+        for size in shape:
+            if type(size) is not int:
+                break
+        else:
+            if check_bounds is True:
+                return _scatter_nd(indices, updates, shape)
+            return _call(_scatter_nd, "scatter_nd", check_bounds, indices, updates, shape)
     sizes = shape if isinstance(shape, (list, tuple)) else (shape,)  # FX traces x.shape[0] as a Proxy
     if has_stand_in(indices, updates, *sizes):
         return handle_torch_function(
