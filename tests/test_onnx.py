@@ -308,7 +308,8 @@ class Unchecked(torch.nn.Module):
 def test_unchecked_bounds_as_eager():
     """check_bounds=False: an index row out of bounds (a negative index
     included, not counted from the end) reads zeros and scatters nothing,
-    where GatherND and ScatterND would wrap it or fail."""
+    where GatherND would wrap it or fail and the scatter's row position would
+    name another row."""
     def inputs(n, rows, one):
         g = torch.Generator().manual_seed(n)
         idx = torch.stack([torch.randint(-2, 6, (n,), generator=g), torch.randint(-1, 4, (n,), generator=g)], 1)

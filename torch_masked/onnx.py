@@ -247,8 +247,9 @@ def _all_within(data, rows, depth):
 
 def _rows_in_bounds(data, indices, depth):
     """For check_bounds=False, where our kernels skip index rows out of bounds
-    of data (negative ones included) and GatherND and ScatterND would wrap or
-    fail: whether each row of indices, as [R, K], is in bounds ([R] bool),
+    of data (negative ones included), GatherND would wrap them or fail, and
+    the scatter's row positions (_row_positions) would name another row or
+    none: whether each row of indices, as [R, K], is in bounds ([R] bool),
     and those rows ([M, K] int64)."""
     rows = _index_rows(indices, depth)
     in_bounds = _all_within(data, rows, depth)
