@@ -6,6 +6,7 @@
 // during a capture is refused first, by name.
 #pragma once
 
+#include <ATen/EmptyTensor.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/util/Exception.h>
@@ -23,13 +24,17 @@ inline void refuse_while_capturing(const char* op, const char* what, const char*
 
 // *value on the host, refused while capturing, through c10's copy, so that
 // torch.cuda.set_sync_debug_mode warns of it (or refuses it) as it does of
-// torch's own x[mask] and nonzero.
+// torch's own x[mask] and nonzero. Copied into pinned memory (torch's cached
+// pinned blocks), as Tensor.item() and torch.nonzero's count are: a copy into
+// pageable memory goes through the driver's staging buffer, and a CPU copy
+// out of it, on every call.
 inline int64_t read_to_host(const int64_t* value, cudaStream_t stream, const char* op, const char* what,
                             const char* instead) {
   refuse_while_capturing(op, what, instead);
-  int64_t host = 0;
-  c10::cuda::memcpy_and_sync(&host, value, sizeof(host), cudaMemcpyDeviceToHost, stream);
-  return host;
+  const at::Tensor host =
+      at::detail::empty_cpu({1}, at::kLong, std::nullopt, std::nullopt, /*pin_memory=*/true, std::nullopt);
+  c10::cuda::memcpy_and_sync(host.mutable_data_ptr(), value, sizeof(int64_t), cudaMemcpyDeviceToHost, stream);
+  return *host.const_data_ptr<int64_t>();
 }
 
 }  // namespace torch_masked

@@ -37,6 +37,8 @@ ADAPTATIONS = [
      "return ::cuda_emulation::filled_with_garbage(at::detail::empty_cpu(shape, options));",
      "new device memory holds old data, not the zeros of fresh host pages"),
     ("cuda/scatter_nd_kernel.cu", "at::kCUDA", "at::kCPU", "scratch memory on the device"),
+    ("cuda/host_read.cuh", "/*pin_memory=*/true", "/*pin_memory=*/false",
+     "pinned host memory needs a GPU; the emulated copy is a memcpy either way"),
 ]
 
 
