@@ -398,7 +398,9 @@ bool compaction_moves_units(const MaskedView& view, int64_t units) {
 
 // The mask (contiguous) in chunks of kChunk flags, a warp per chunk: each
 // chunk's bit words, and the inclusive sum of the chunks' true flags: where
-// each chunk's selection ends, the last being the selected count n.
+// each chunk's selection ends, the last being the selected count n. A
+// single chunk's count is its end: no scan (at small sizes every launch
+// saved is host time saved).
 struct ChunkedMask {
   int64_t rows;
   int64_t chunks;
@@ -410,8 +412,7 @@ struct ChunkedMask {
       : rows(rows),
         chunks((rows + kChunk - 1) / kChunk),
         blocks(blocks_for(chunks * kWarp)),
-        words(uninitialized({chunks * kLaneFlags}, options.dtype(at::kInt))),
-        ends(uninitialized({chunks}, options.dtype(at::kLong))) {
+        words(uninitialized({chunks * kLaneFlags}, options.dtype(at::kInt))) {
     const at::Tensor flags = mask.contiguous();
     const auto* data = static_cast<const MaskByte*>(flags.const_data_ptr());
     const bool aligned = reinterpret_cast<uintptr_t>(data) % sizeof(uint4) == 0;
@@ -419,6 +420,11 @@ struct ChunkedMask {
     count_chunks<<<(blocks + kCountChunksPerWarp - 1) / kCountChunksPerWarp, kThreads, 0, stream>>>(
         data, rows, aligned, chunks, counts.data_ptr<int64_t>(), words_data());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (chunks == 1) {
+      ends = counts;
+      return;
+    }
+    ends = uninitialized({chunks}, options.dtype(at::kLong));
     const int64_t* counts_data = counts.const_data_ptr<int64_t>();
     int64_t* ends_out = ends.data_ptr<int64_t>();
     run_cub(options, [&](void* temp, size_t& temp_bytes) {

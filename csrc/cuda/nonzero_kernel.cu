@@ -70,7 +70,8 @@ __device__ uint32_t nonzero_flags(const T* data, int64_t n, int64_t first, Nonze
   return flags;
 }
 
-// counts[1 + tile] = the number of non-zero elements in the tile.
+// counts[1 + tile] = the number of non-zero elements in the tile, and
+// counts[0] = 0 (written here, not by a launch of its own).
 template <typename T>
 __global__ void count_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonzero, bool aligned, int64_t* counts) {
   using Reduce = cub::BlockReduce<int, kThreads>;
@@ -79,6 +80,9 @@ __global__ void count_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonz
   const int tile_count = Reduce(temp).Sum(__popc(nonzero_flags(data, n, first, nonzero, aligned)));
   if (threadIdx.x == 0) {
     counts[1 + blockIdx.x] = tile_count;
+    if (blockIdx.x == 0) {
+      counts[0] = 0;
+    }
   }
 }
 
@@ -98,7 +102,8 @@ __device__ void write_coordinates(const IndexColumns& out, int64_t position, Ind
 }
 
 // Writes the coordinates of every non-zero element of the tile, in order,
-// from row starts[tile] on; rows at or past out.max_rows are dropped. The
+// from row starts[tile] on (row 0 where starts is null: a single tile);
+// rows at or past out.max_rows are dropped. The
 // tile's non-zero positions are first listed in shared memory, so that
 // consecutive threads then write consecutive rows (a thread writing its own
 // elements' rows would scatter every store of a warp over many lines).
@@ -109,7 +114,7 @@ __global__ void write_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonz
   static_assert(kTile <= 1 << 16, "tile positions are 16-bit");
   __shared__ typename Scan::TempStorage temp;
   __shared__ uint16_t positions[kTile];
-  const int64_t tile_start = starts[blockIdx.x];
+  const int64_t tile_start = starts == nullptr ? 0 : starts[blockIdx.x];
   if (tile_start >= out.max_rows) {
     return;  // the whole block: nothing of this tile fits
   }
@@ -138,17 +143,21 @@ bool is_vector_aligned(const at::Tensor& input) {
 }
 
 // starts[tile] = the first output row of each tile; starts[tiles] = the total.
+// A single tile's counts are its starts: no scan (at small sizes every
+// launch saved is host time saved).
 template <typename T>
 at::Tensor tile_starts(const at::Tensor& input, NonzeroBits<T> nonzero, cudaStream_t stream) {
   const int64_t tiles = num_tiles(input);
   const at::Tensor counts = uninitialized({tiles + 1}, input.options().dtype(at::kLong));
-  const at::Tensor starts = uninitialized({tiles + 1}, input.options().dtype(at::kLong));
   int64_t* counts_data = counts.data_ptr<int64_t>();
-  int64_t* starts_data = starts.data_ptr<int64_t>();
-  C10_CUDA_CHECK(cudaMemsetAsync(counts_data, 0, sizeof(int64_t), stream));
   count_tiles_kernel<<<tiles, kThreads, 0, stream>>>(static_cast<const T*>(input.const_data_ptr()), input.numel(),
                                                      nonzero, is_vector_aligned(input), counts_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (tiles == 1) {
+    return counts;
+  }
+  const at::Tensor starts = uninitialized({tiles + 1}, input.options().dtype(at::kLong));
+  int64_t* starts_data = starts.data_ptr<int64_t>();
   run_cub(input.options(), [&](void* temp, size_t& bytes) {
     return cub::DeviceScan::InclusiveSum(temp, bytes, counts_data, starts_data, tiles + 1, stream);
   });
@@ -162,13 +171,14 @@ int64_t read_total(const char* op, const at::Tensor& starts, cudaStream_t stream
                       "nonzero_static takes the size from its caller and needs no read");
 }
 
+// `starts` from tile_starts, or undefined for a single tile.
 template <typename T>
 void write_rows(const at::Tensor& input, NonzeroBits<T> nonzero, const at::Tensor& starts, const IndexColumns& out,
                 cudaStream_t stream) {
   with_index_type(input.numel(), [&](auto index) {
     write_tiles_kernel<T, decltype(index)><<<num_tiles(input), kThreads, 0, stream>>>(
         static_cast<const T*>(input.const_data_ptr()), input.numel(), nonzero, is_vector_aligned(input),
-        starts.const_data_ptr<int64_t>(), out);
+        starts.defined() ? starts.const_data_ptr<int64_t>() : nullptr, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -264,7 +274,8 @@ at::Tensor nonzero_static_cuda(const at::Tensor& self, int64_t size, int64_t fil
     return result;
   }
   with_input("nonzero_static", self, [&](const at::Tensor& input, auto nonzero, cudaStream_t stream) {
-    const at::Tensor starts = tile_starts(input, nonzero, stream);
+    // A single tile starts at row 0 and its count is not needed.
+    const at::Tensor starts = num_tiles(input) == 1 ? at::Tensor() : tile_starts(input, nonzero, stream);
     write_rows(input, nonzero, starts, row_major_columns(input, result, size), stream);
   });
   return result;
