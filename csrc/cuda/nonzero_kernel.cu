@@ -103,10 +103,10 @@ __device__ void write_coordinates(const IndexColumns& out, int64_t position, Ind
 
 // Writes the coordinates of every non-zero element of the tile, in order,
 // from row starts[tile] on (row 0 where starts is null: a single tile);
-// rows at or past out.max_rows are dropped. The
-// tile's non-zero positions are first listed in shared memory, so that
-// consecutive threads then write consecutive rows (a thread writing its own
-// elements' rows would scatter every store of a warp over many lines).
+// rows at or past out.max_rows are dropped. The tile's non-zero positions
+// are first listed in shared memory, so that consecutive threads then write
+// consecutive rows (a thread writing its own elements' rows would scatter
+// every store of a warp over many lines).
 template <typename T, typename Index>
 __global__ void write_tiles_kernel(const T* data, int64_t n, NonzeroBits<T> nonzero, bool aligned,
                                    const int64_t* starts, IndexColumns out) {
