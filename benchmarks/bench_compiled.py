@@ -181,6 +181,14 @@ def _native_boolean_mask(x, mask):
     return ((x * 2)[mask] + 1).sum()
 
 
+def _boolean_mask_computed(x):
+    return (torch_masked.boolean_mask(x, x > 0) * 2 + 1).sum()
+
+
+def _native_boolean_mask_computed(x):
+    return (x[x > 0] * 2 + 1).sum()
+
+
 def _nonzero(x):
     return (torch_masked.nonzero(x > 0) + 1).sum()
 
@@ -257,4 +265,7 @@ def _chains(device, sizes):
                _tensor_scatter_nd_add_unchecked, _native_tensor_scatter_nd_add, "index_put(accumulate=True)",
                (x, indices, y[: n // 10]))
         yield ("boolean_mask", MASK, n, _boolean_mask, _native_boolean_mask, "(x*2)[m]", (x, c))
+        # A mask the graph computes, which Inductor writes out for the call.
+        yield ("boolean_mask", "(boolean_mask(x, x>0)*2+1).sum()", n, _boolean_mask_computed,
+               _native_boolean_mask_computed, "x[x>0]", (x,))
         yield ("nonzero", "(nonzero(x>0)+1).sum()", n, _nonzero, _native_nonzero, "torch.nonzero", (x,))

@@ -539,6 +539,61 @@ def test_index_ops_stay_our_kernels():
     exact(positions, torch.nonzero(mask))
 
 
+BOOL_BUFFER = re.compile(r"empty_strided_cpu\(.*torch\.bool\)")
+
+
+def reading_computed_bools(x, y, mask):
+    """Our ops that read a bool tensor, each given bools Inductor computes
+    (from float32, float64, int64 and bfloat16, a transposed view, a 0-d
+    reduction, an empty tensor) and a bool input of the graph."""
+    table = x.view(-1, 4)
+    return (torch_masked.nonzero(x > 0), torch_masked.nonzero(x.double() < -0.5, as_tuple=True),
+            torch_masked.nonzero_static(y.long() > 0, size=5), torch_masked.where(x.isnan() | (x.bfloat16() > y.bfloat16())),
+            torch_masked.nonzero(table.t() > 0), torch_masked.nonzero(x.sum() > 0), torch_masked.nonzero(x[:0] > 0),
+            torch_masked.boolean_mask(x, x > 0), torch_masked.boolean_mask(table, table[:, 0] > y[: table.shape[0]], axis=0),
+            torch_masked.boolean_mask(table, table[0] < 0, axis=1), torch_masked.boolean_mask(x, mask),
+            torch_masked.nonzero(mask))
+
+
+def expected_of_computed_bools(x, y, mask):
+    table = x.view(-1, 4)
+    return (torch.nonzero(x > 0), torch.nonzero(x.double() < -0.5, as_tuple=True),
+            torch.nonzero_static(y.long() > 0, size=5), torch.nonzero(x.isnan() | (x.bfloat16() > y.bfloat16())),
+            torch.nonzero(table.t() > 0), torch.nonzero(x.sum() > 0), torch.nonzero(x[:0] > 0),
+            x[x > 0], table[table[:, 0] > y[: table.shape[0]]], table[:, table[0] < 0], x[mask], torch.nonzero(mask))
+
+
+@pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="where Inductor generates C++")
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_bools_inductor_computes_reach_our_kernels_as_bytes(dynamic):
+    # Written as bytes by way of int32 (compile.py, _bool_stored_as_bytes):
+    # no bool buffer in the graph but the input's, and the values eager's.
+    x, y = torch.randn(64, generator=gen(41)), torch.randn(64, generator=gen(42))
+    mask = torch.rand(64, generator=gen(43)) < 0.5
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        results, code = run_and_get_code(torch.compile(reading_computed_bools, fullgraph=True, dynamic=dynamic), x, y, mask)
+        for actual, expected in zip(results, expected_of_computed_bools(x, y, mask)):
+            if isinstance(expected, tuple):
+                assert len(actual) == len(expected) and all(map(torch.equal, actual, expected))
+            else:
+                exact(actual, expected)
+        code = "\n".join(code)
+        assert not BOOL_BUFFER.search(code) and len(re.findall(r"empty_strided_cpu\(.*torch\.uint8\)", code)) == 10
+        assert code.count("aten.view.dtype(") == 3
+        assert re.search(r"torch\.ops\.masked\.boolean_mask\.default\(arg\d+_1, arg\d+_1", code)
+        # Opaque: Inductor's own bool buffers, the same values.
+        torch._dynamo.reset()
+        with torch_masked.compile.opaque():
+            opaque, code = run_and_get_code(torch.compile(reading_computed_bools, fullgraph=True, dynamic=dynamic), x, y, mask)
+        assert len(BOOL_BUFFER.findall("\n".join(code))) == 10
+    for actual, expected in zip(opaque, results):
+        if isinstance(expected, tuple):
+            assert all(map(torch.equal, actual, expected))
+        else:
+            exact(actual, expected)
+
+
 class FrozenTable(torch.nn.Module):
     """Every op over parameters and buffers alone, which freezing folds, and
     over the inputs, which it leaves to the graph."""
@@ -1321,14 +1376,16 @@ def generated_kernels(code):
 def test_nonzero_count_is_bounded_as_torch_nonzeros(device):
     # Our fake kernels bound the count of a data-dependent size by the
     # elements it counts, as torch.nonzero's does, so that Inductor indexes
-    # what reads the result in 32 bits where they suffice: the kernels
-    # around our call are those around torch.nonzero's.
-    x = torch.randn(1000, generator=gen(31)).to(device)
+    # what reads the result in 32 bits where they suffice: the kernel after
+    # our call is the one after torch.nonzero's. (A mask the graph computes
+    # is written for ours as bytes, by a kernel unlike native's: see
+    # test_bools_inductor_computes_reach_our_kernels_as_bytes.)
+    mask = (torch.randn(1000, generator=gen(31)) > 0).to(device)
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         ours, ours_code = run_and_get_code(
-            torch.compile(lambda x: (torch_masked.nonzero(x > 0) + 1).sum(), fullgraph=True), x)
+            torch.compile(lambda mask: (torch_masked.nonzero(mask) + 1).sum(), fullgraph=True), mask)
         native, native_code = run_and_get_code(
-            torch.compile(lambda x: (torch.nonzero(x > 0) + 1).sum(), fullgraph=True), x)
+            torch.compile(lambda mask: (torch.nonzero(mask) + 1).sum(), fullgraph=True), mask)
     assert "torch.ops.masked.nonzero.default(" in "\n".join(ours_code)
     assert generated_kernels(ours_code) == generated_kernels(native_code)
     exact(ours, native)

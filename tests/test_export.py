@@ -39,7 +39,10 @@ class EveryOp(torch.nn.Module):
                 # Numbers known only at run time: through the front door (a 0-d
                 # tensor), and a Scalar that AOTInductor's generated where holds.
                 tm.where(c, x, x.shape[0] * 0.5), tm.where(c, x.shape[0] > 4, x),
-                torch.ops.masked.where.ScalarSelf(c, x.shape[0], x))
+                torch.ops.masked.where.ScalarSelf(c, x.shape[0], x),
+                # Bools the graph computes, which Inductor writes as bytes
+                # for our kernels (torch_masked/compile.py).
+                tm.boolean_mask(x, x[:, 0] > 0), tm.nonzero_static(x < 0, size=3))
 
 
 def inputs(n, m):

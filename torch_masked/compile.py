@@ -33,7 +33,10 @@ place: ``_tensor_scatter_nd_add_into``): there they are faster than what
 Inductor makes of the native equivalents (``benchmarks/bench_compiled.py``;
 README, "Inside torch.compile"), and Inductor's C++ scatter would sum
 float16 and bfloat16 rounding at every add, in the order its threads land,
-where ours sums each destination in index order. Where Inductor generates
+where ours sums each destination in index order. A bool that the graph
+computes for ``nonzero`` or ``boolean_mask`` reaches them written as bytes
+by way of int32 on the CPU (``_bool_stored_as_bytes``), where Inductor's
+own bool store branches on every element. Where Inductor generates
 Triton (CUDA), the scatters without check_bounds, outside deterministic
 mode, are Inductor's own atomic scatter (``_scatter_added``), with our
 index rule (a row out of bounds adds nothing; negative indices never wrap):
@@ -476,6 +479,68 @@ _SIGNED_ROW_TEST = _RowTest(_in_bounds, lambda row_entries, _: _masked_positions
 _UNSIGNED_ROW_TEST = _RowTest(_in_bounds_unsigned, _positions, _one_if_out_of_bounds_unsigned)
 
 
+def _bool_stored_as_bytes(tensor, dtype):
+    """A bool tensor that Inductor computes (not yet written to a buffer) on
+    its C++ backend, written as int32 converted to uint8, as `dtype` (uint8,
+    or those bytes viewed as bool); any other tensor as it is. Inductor's
+    vector code writes a bool from its mask by a choice per lane that
+    branches on the data: 6.9 ms for x > 0 of 1e6 random float32, where the
+    same bytes written by way of int32 take 0.20 (torch 2.11 and 2.14;
+    benchmarks/METHODS.md). A bool already in a buffer (an input, another
+    kernel's result) is kept."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import ops
+
+    if tensor.get_dtype() != torch.bool or not _generates_cpp(tensor) or ir.is_storage_and_layout(tensor):
+        return tensor
+    load = tensor.make_loader()
+    as_bytes = ir.Pointwise.create(
+        device=tensor.get_device(), dtype=torch.uint8,
+        inner_fn=lambda index: ops.to_dtype(ops.to_dtype(load(index), torch.int32), torch.uint8),
+        ranges=list(tensor.get_size()))
+    as_bytes.realize()
+    return as_bytes if dtype == torch.uint8 else ir.TensorBox(ir.DtypeView.create(as_bytes, dtype))
+
+
+# Our ops that read a bool tensor: the argument's position, and the dtype
+# that _bool_stored_as_bytes hands them. nonzero and where's index mode
+# read any dtype, so uint8 as it is; boolean_mask takes a bool mask, so the
+# bytes viewed as bool (a call of aten.view.dtype in the graph's wrapper).
+_BOOL_ARGUMENTS = {
+    torch.ops.masked.nonzero.default: (0, torch.uint8),
+    torch.ops.masked.nonzero_static.default: (0, torch.uint8),
+    torch.ops.masked.nonzero_tuple.default: (0, torch.uint8),
+    torch.ops.masked.where.default: (0, torch.uint8),
+    torch.ops.masked.boolean_mask.default: (1, torch.bool),
+}
+
+
+def _call_of_ours_on_bools(lowering, op):
+    """Inductor's call of our kernel `op`, its bool argument
+    (_BOOL_ARGUMENTS) written by way of bytes (_bool_stored_as_bytes), but
+    under the switch that keeps every op opaque."""
+    call = lowering.fallback_handler(op, add_to_fallback_set=False)
+    bool_position, dtype = _BOOL_ARGUMENTS[op]
+    name = op._schema.arguments[bool_position].name
+    # Every keyword argument named, defaults included, as in the call that
+    # Inductor made of our op before it had this lowering (its layout
+    # constraint named them): an AOTInductor package passes the op a value
+    # for each, and its calls fail where the graph named fewer
+    # ("Mismatch between ints consumed and num_ints" for nonzero_static).
+    defaults = {argument.name: argument.default_value for argument in op._schema.arguments
+                if argument.kwarg_only and argument.has_default_value()}
+
+    def call_ours(*args, **kwargs):
+        if not _opaque:
+            args = [_bool_stored_as_bytes(arg, dtype) if position == bool_position else arg
+                    for position, arg in enumerate(args)]
+            if name in kwargs:
+                kwargs = {**kwargs, name: _bool_stored_as_bytes(kwargs[name], dtype)}
+        return call(*args, **{**defaults, **kwargs})
+
+    return call_ours
+
+
 def _call_of_ours(lowering, op, check, check_arguments):
     """Inductor's call of our kernel `op`, followed, where the result has no
     elements, by the op `check` of `check_arguments(*args, **kwargs)` (None
@@ -857,6 +922,8 @@ def _register(lowering):
         lowering.register_lowering(op, type_promotion_kind=None)(
             _call_of_ours(lowering, op, torch.ops.masked.check_where_number.default, _where_number_check(number_is_x))
         )
+    for op in _BOOL_ARGUMENTS:
+        lowering.register_lowering(op, type_promotion_kind=None)(_call_of_ours_on_bools(lowering, op))
     lowering.register_lowering(torch.ops.masked.gather_nd.default, type_promotion_kind=None)(
         _gather_nd_lowering(lowering)
     )
