@@ -485,8 +485,8 @@ def _bool_stored_as_bytes(tensor, dtype):
     or those bytes viewed as bool); any other tensor as it is. Inductor's
     vector code writes a bool from its mask by a choice per lane that
     branches on the data: 6.9 ms for x > 0 of 1e6 random float32, where the
-    same bytes written by way of int32 take 0.20 (torch 2.11 and 2.14;
-    benchmarks/METHODS.md). A bool already in a buffer (an input, another
+    same bytes written by way of int32 take 0.20 (torch 2.14; 2.11's store
+    as slow; benchmarks/METHODS.md). A bool already in a buffer (an input, another
     kernel's result) is kept."""
     from torch._inductor import ir
     from torch._inductor.virtualized import ops
