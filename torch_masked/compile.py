@@ -521,7 +521,6 @@ def _call_of_ours_on_bools(lowering, op):
     under the switch that keeps every op opaque."""
     call = lowering.fallback_handler(op, add_to_fallback_set=False)
     bool_position, dtype = _BOOL_ARGUMENTS[op]
-    name = op._schema.arguments[bool_position].name
     # Every keyword argument named, defaults included, as in the call that
     # Inductor made of our op before it had this lowering (its layout
     # constraint named them): an AOTInductor package passes the op a value
@@ -531,11 +530,11 @@ def _call_of_ours_on_bools(lowering, op):
                 if argument.kwarg_only and argument.has_default_value()}
 
     def call_ours(*args, **kwargs):
+        # The graph passes the bool positionally (no op here takes it by
+        # keyword only), however the caller named it.
         if not _opaque:
             args = [_bool_stored_as_bytes(arg, dtype) if position == bool_position else arg
                     for position, arg in enumerate(args)]
-            if name in kwargs:
-                kwargs = {**kwargs, name: _bool_stored_as_bytes(kwargs[name], dtype)}
         return call(*args, **{**defaults, **kwargs})
 
     return call_ours
