@@ -586,6 +586,63 @@ def test_bools_inductor_computes_reach_our_kernels_as_bytes(dynamic):
     exact(opaque, results)
 
 
+def returning_computed_masks(x, y):
+    """Bools the graph computes and returns as well as handing them to our
+    ops: one read by two of our ops, a transposed one, and one that a
+    pointwise op reads too."""
+    table = x.view(-1, 4)
+    positive, columns, negative = x > 0, table.t() > 0, y < 0
+    return (positive, torch_masked.nonzero(positive), torch_masked.boolean_mask(y, positive),
+            columns, torch_masked.nonzero(columns), negative, torch_masked.boolean_mask(x, negative), negative * x)
+
+
+@pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="where Inductor generates C++")
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_returned_bool_that_only_our_ops_read_is_written_as_bytes(dynamic):
+    # Inductor writes a bool the graph returns to a buffer of its own before
+    # our op's lowering sees it; where only our ops read it, their bytes
+    # become the output too (viewed as bool, with eager's strides), and that
+    # buffer is dropped. A bool that Inductor's own code reads as well keeps
+    # its buffer, which our op then reads.
+    x, y = torch.randn(64, generator=gen(44)), torch.randn(64, generator=gen(45))
+    table = x.view(-1, 4)
+    expected = (x > 0, torch.nonzero(x > 0), y[x > 0], table.t() > 0, torch.nonzero(table.t() > 0),
+                y < 0, x[y < 0], (y < 0) * x)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        results, code = run_and_get_code(torch.compile(returning_computed_masks, fullgraph=True, dynamic=dynamic), x, y)
+    exact(results, expected)
+    assert results[3].stride() == expected[3].stride()
+    code = "\n".join(code)
+    assert len(BOOL_BUFFER.findall(code)) == 1 and len(re.findall(r"empty_strided_cpu\(.*torch\.uint8\)", code)) == 2
+
+
+@pytest.mark.skipif(inductor_config.cpu_backend != "cpp", reason="where Inductor generates C++")
+def test_a_mask_saved_for_the_backward_is_written_as_bytes():
+    # A compiled training step saves the mask it computes for boolean_mask's
+    # backward: the forward writes it as bytes, and both graphs' gradients
+    # are eager's, the backward op's own mask computed likewise.
+    x = torch.randn(64, generator=gen(46), requires_grad=True)
+    grad = torch.randn(64, generator=gen(47))
+
+    def loss_of(x):
+        return (torch_masked.boolean_mask(x, x > 0) * 2 + 1).sum()
+
+    def step(loss_of):
+        loss = loss_of(x)
+        return loss, torch.autograd.grad(loss, x)[0]
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        (loss, gradient), code = run_and_get_code(step, torch.compile(loss_of, fullgraph=True))
+        scattered, backward_code = run_and_get_code(torch.compile(
+            lambda grad: torch.ops.masked.boolean_mask_backward(torch_masked.boolean_mask(grad, grad > 0), grad > 0, [64], 0), fullgraph=True), grad)
+    exact((loss, gradient), step(loss_of))
+    exact(scattered, torch.where(grad > 0, grad, 0.0))
+    for graphs in (code, backward_code):
+        assert not BOOL_BUFFER.search("\n".join(graphs)) and "torch.uint8" in "\n".join(graphs)
+
+
 class FrozenTable(torch.nn.Module):
     """Every op over parameters and buffers alone, which freezing folds, and
     over the inputs, which it leaves to the graph."""

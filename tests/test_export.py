@@ -26,7 +26,7 @@ EVERY_OP = {"masked.nonzero.default", "masked.nonzero_tuple.default", "masked.no
 
 class EveryOp(torch.nn.Module):
     def forward(self, x, c, idx, values):
-        rows = c[:, 0]
+        rows, positive = c[:, 0], x[:, 0] > 0
         # Data-dependent sizes feeding other ops: the TensorFlow idiom of
         # scattering the masked values back to where they came from.
         picked = tm.boolean_mask(x, c)
@@ -41,8 +41,9 @@ class EveryOp(torch.nn.Module):
                 tm.where(c, x, x.shape[0] * 0.5), tm.where(c, x.shape[0] > 4, x),
                 torch.ops.masked.where.ScalarSelf(c, x.shape[0], x),
                 # Bools the graph computes, which Inductor writes as bytes
-                # for our kernels (torch_masked/compile.py).
-                tm.boolean_mask(x, x[:, 0] > 0), tm.nonzero_static(x < 0, size=3))
+                # for our kernels (torch_masked/compile.py), one of them
+                # returned too.
+                tm.boolean_mask(x, positive), positive, tm.nonzero_static(x < 0, size=3))
 
 
 def inputs(n, m):

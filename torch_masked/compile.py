@@ -36,7 +36,8 @@ float16 and bfloat16 rounding at every add, in the order its threads land,
 where ours sums each destination in index order. A bool that the graph
 computes for ``nonzero`` or ``boolean_mask`` reaches them written as bytes
 by way of int32 on the CPU (``_bool_stored_as_bytes``), where Inductor's
-own bool store branches on every element. Where Inductor generates
+own bool store branches on every element; so does the graph's output of
+that bool where our ops alone read it (a mask saved for the backward). Where Inductor generates
 Triton (CUDA), the scatters without check_bounds, outside deterministic
 mode, are Inductor's own atomic scatter (``_scatter_added``), with our
 index rule (a row out of bounds adds nothing; negative indices never wrap):
@@ -479,39 +480,71 @@ _SIGNED_ROW_TEST = _RowTest(_in_bounds, lambda row_entries, _: _masked_positions
 _UNSIGNED_ROW_TEST = _RowTest(_in_bounds_unsigned, _positions, _one_if_out_of_bounds_unsigned)
 
 
-def _bool_stored_as_bytes(tensor, dtype):
-    """A bool tensor that Inductor computes (not yet written to a buffer) on
-    its C++ backend, written as int32 converted to uint8, as `dtype` (uint8,
-    or those bytes viewed as bool); any other tensor as it is. Inductor's
-    vector code writes a bool from its mask by a choice per lane that
-    branches on the data: 6.9 ms for x > 0 of 1e6 random float32, where the
-    same bytes written by way of int32 take 0.20 (torch 2.14; 2.11's store
-    as slow; benchmarks/METHODS.md). A bool already in a buffer (an input, another
-    kernel's result) is kept."""
-    from torch._inductor import ir
-    from torch._inductor.virtualized import ops
+def _bool_stored_as_bytes(tensor, dtype, node):
+    """A bool tensor that Inductor computes on its C++ backend, written as
+    int32 converted to uint8, as `dtype` (uint8, or those bytes viewed as
+    bool); any other tensor as it is. Inductor's vector code writes a bool
+    from its mask by a choice per lane that branches on the data: 6.9 ms
+    for x > 0 of 1e6 random float32, where the same bytes written by way of
+    int32 take 0.20 (torch 2.14; 2.11's store as slow; benchmarks/METHODS.md).
 
-    if tensor.get_dtype() != torch.bool or not _generates_cpp(tensor) or ir.is_storage_and_layout(tensor):
+    Where every reader of the bool's FX node `node` is one of our ops that
+    take bytes (_BOOL_ARGUMENTS) or the graph's output, they all get the
+    bytes: the bool's TensorBox becomes their view as bool. That includes a
+    bool Inductor has already written to a buffer of its own for the
+    output, as a compiled training step does with the mask that
+    boolean_mask saves for its backward (8.4-8.8 ms for 1.6-2.3 at 1e6):
+    the bytes are then computed as that buffer was, and the buffer, read
+    by nothing, is dropped. Any other bool in a buffer (an input, another
+    kernel's result, a bool Inductor's own code reads too) is kept."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V, ops
+
+    if tensor.get_dtype() != torch.bool or not _generates_cpp(tensor):
         return tensor
-    load = tensor.make_loader()
+    read_by_ours_alone = isinstance(node, torch.fx.Node) and all(
+        user.op == "output" or user.target in _BOOL_ARGUMENTS for user in node.users)
+    strides = None
+    if ir.is_storage_and_layout(tensor):
+        storage = tensor.data if isinstance(tensor, ir.TensorBox) else None
+        written = storage.data if isinstance(storage, ir.StorageBox) else None
+        # The bytes are computed where our op reads them; should a buffer
+        # the bool was computed from have been written in place since (a
+        # reinplaced scatter; Inductor's passes put the bool's computation
+        # just before its first reader, which keeps that from happening),
+        # the bool's buffer stays.
+        if not (read_by_ours_alone and isinstance(written, ir.ComputedBuffer)
+                and isinstance(written.data, ir.Pointwise)
+                and not written.get_read_names() & V.graph.mutated_buffers):
+            return tensor
+        load, strides = written.data.make_loader(), written.get_stride()
+    else:
+        load = tensor.make_loader()
     as_bytes = ir.Pointwise.create(
         device=tensor.get_device(), dtype=torch.uint8,
         inner_fn=lambda index: ops.to_dtype(ops.to_dtype(load(index), torch.int32), torch.uint8),
         ranges=list(tensor.get_size()))
+    if strides is not None:  # the output's strides, which that buffer was given
+        as_bytes = ir.ExternKernel.require_exact_strides(as_bytes, strides)
     as_bytes.realize()
-    return as_bytes if dtype == torch.uint8 else ir.TensorBox(ir.DtypeView.create(as_bytes, dtype))
+    as_bool = ir.DtypeView.create(as_bytes, torch.bool)
+    if read_by_ours_alone:
+        tensor.data = as_bool
+    return as_bytes if dtype == torch.uint8 else ir.TensorBox(as_bool)
 
 
 # Our ops that read a bool tensor: the argument's position, and the dtype
 # that _bool_stored_as_bytes hands them. nonzero and where's index mode
-# read any dtype, so uint8 as it is; boolean_mask takes a bool mask, so the
-# bytes viewed as bool (a call of aten.view.dtype in the graph's wrapper).
+# read any dtype, so uint8 as it is; boolean_mask and its backward take a
+# bool mask, so the bytes viewed as bool (a call of aten.view.dtype in the
+# graph's wrapper).
 _BOOL_ARGUMENTS = {
     torch.ops.masked.nonzero.default: (0, torch.uint8),
     torch.ops.masked.nonzero_static.default: (0, torch.uint8),
     torch.ops.masked.nonzero_tuple.default: (0, torch.uint8),
     torch.ops.masked.where.default: (0, torch.uint8),
     torch.ops.masked.boolean_mask.default: (1, torch.bool),
+    torch.ops.masked.boolean_mask_backward.default: (1, torch.bool),
 }
 
 
@@ -530,10 +563,13 @@ def _call_of_ours_on_bools(lowering, op):
                 if argument.kwarg_only and argument.has_default_value()}
 
     def call_ours(*args, **kwargs):
+        from torch._inductor.virtualized import V
+
         # The graph passes the bool positionally (no op here takes it by
         # keyword only), however the caller named it.
         if not _opaque:
-            args = [_bool_stored_as_bytes(arg, dtype) if position == bool_position else arg
+            node = V.graph.current_node.args[bool_position]
+            args = [_bool_stored_as_bytes(arg, dtype, node) if position == bool_position else arg
                     for position, arg in enumerate(args)]
         return call(*args, **{**defaults, **kwargs})
 
