@@ -632,11 +632,13 @@ def test_a_mask_saved_for_the_backward_is_written_as_bytes():
         loss = loss_of(x)
         return loss, torch.autograd.grad(loss, x)[0]
 
+    def scattered_back(grad):
+        return torch.ops.masked.boolean_mask_backward(torch_masked.boolean_mask(grad, grad > 0), grad > 0, [64], 0)
+
     torch._dynamo.reset()
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         (loss, gradient), code = run_and_get_code(step, torch.compile(loss_of, fullgraph=True))
-        scattered, backward_code = run_and_get_code(torch.compile(
-            lambda grad: torch.ops.masked.boolean_mask_backward(torch_masked.boolean_mask(grad, grad > 0), grad > 0, [64], 0), fullgraph=True), grad)
+        scattered, backward_code = run_and_get_code(torch.compile(scattered_back, fullgraph=True), grad)
     exact((loss, gradient), step(loss_of))
     exact(scattered, torch.where(grad > 0, grad, 0.0))
     for graphs in (code, backward_code):

@@ -37,16 +37,17 @@ where ours sums each destination in index order. A bool that the graph
 computes for ``nonzero`` or ``boolean_mask`` reaches them written as bytes
 by way of int32 on the CPU (``_bool_stored_as_bytes``), where Inductor's
 own bool store branches on every element; so does the graph's output of
-that bool where our ops alone read it (a mask saved for the backward). Where Inductor generates
-Triton (CUDA), the scatters without check_bounds, outside deterministic
-mode, are Inductor's own atomic scatter (``_scatter_added``), with our
-index rule (a row out of bounds adds nothing; negative indices never wrap):
-on an H200 the GPU did the same work for both, and Inductor's chain saved
-the host the call of our op (ours 1.03-1.18 of native's; Inductor's 1.00-1.05
-on an H100). With check_bounds they stay ours: the IndexError needs the
-bounds flag read back either way.
-So do float16 and bfloat16 scatters, which our CUDA kernel sums in float and
-rounds once, where Triton's atomic adds would round at every add.
+that bool where our ops alone read it (a mask saved for the backward).
+Where Inductor generates Triton (CUDA), the scatters without check_bounds,
+outside deterministic mode, are Inductor's own atomic scatter
+(``_scatter_added``), with our index rule (a row out of bounds adds
+nothing; negative indices never wrap): on an H200 the GPU did the same
+work for both, and Inductor's chain saved the host the call of our op
+(ours 1.03-1.18 of native's; Inductor's 1.00-1.05 on an H100). With
+check_bounds they stay ours: the IndexError needs the bounds flag read
+back either way. So do float16 and bfloat16 scatters, which our CUDA
+kernel sums in float and rounds once, where Triton's atomic adds would
+round at every add.
 """
 from __future__ import annotations
 
